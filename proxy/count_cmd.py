@@ -1,0 +1,48 @@
+"""`islwatch count`: the ISL of one request body, as one JSON object on stdout."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import orjson
+
+from .count import INVALID_BODY, count_request
+from .extract import Endpoint
+from .tokenizer import TokenizerLoadError, load_tokenizer
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokenizer", required=True, help="hub id, local folder or builtin:NAME, optionally @REVISION")
+    p.add_argument("--revision", help="hub revision (branch, tag or commit)")
+    p.add_argument("--chat-template", help="file whose text replaces the tokenizer's chat template")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow tokenizer code from the hub")
+    p.add_argument("--endpoint", choices=[e.value for e in Endpoint], default=Endpoint.CHAT.value)
+    p.add_argument("file", nargs="?", default="-", help="request body JSON file, or - for stdin")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        raw = sys.stdin.buffer.read() if args.file == "-" else open(args.file, "rb").read()  # noqa: SIM115
+    except OSError as exc:
+        print(f"islwatch count: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
+        return 2
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        print(f"islwatch count: invalid JSON: {exc}", file=sys.stderr)
+        return 2
+    try:
+        loaded = load_tokenizer(args.tokenizer, args.revision, args.chat_template, args.trust_remote_code)
+    except TokenizerLoadError as exc:
+        print(f"islwatch count: {exc}", file=sys.stderr)
+        return 2
+    result = count_request(loaded.tokenizer, args.endpoint, body)
+    if result.fallback_reason == INVALID_BODY:
+        print(f"islwatch count: not a {args.endpoint} request: {result.detail}", file=sys.stderr)
+        return 2
+    out = result.as_dict()
+    out["template_sha256"] = loaded.identity.template_sha256
+    out["tokenizer"] = loaded.identity.as_dict()
+    sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
+    return 0

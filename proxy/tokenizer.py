@@ -1,0 +1,207 @@
+"""Load a tokenizer (hub id, local folder, or a built-in offline vocabulary) and compute its identity.
+
+The identity (template and file hashes, library versions) is what the parity gate pins and what
+`islwatch_tokenizer_info` exports, so a silent template or tokenizer change shows up as an alert.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+import transformers
+
+log = logging.getLogger("islwatch.tokenizer")
+
+# Files that change what a tokenizer produces; anything else in a hub snapshot is ignored.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tekken.json",
+)
+
+BUILTIN_PREFIX = "builtin:"
+# The Mistral-7B-Instruct-v0.1 chat template (HF revision 9ab9e76e), the one paired with the
+# SentencePiece vocabulary that mistral-common ships as tokenizer.model.v1.
+MISTRAL_V01_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != "
+    "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ message['content'] + eos_token + ' ' }}{% else %}{{ raise_exception('Only user and "
+    "assistant roles are supported!') }}{% endif %}{% endfor %}"
+)
+BUILTINS = {"mistral-v0.1": ("tokenizer.model.v1", MISTRAL_V01_TEMPLATE)}
+DEFAULT_TOKENIZER = BUILTIN_PREFIX + "mistral-v0.1"
+
+
+class TokenizerLoadError(Exception):
+    """The tokenizer could not be loaded (missing folder, unknown hub id offline, bad template file)."""
+
+
+@dataclass(frozen=True)
+class TokenizerIdentity:
+    name: str
+    revision: str | None
+    tokenizer_class: str
+    template_sha256: str | None
+    files: dict[str, str] = field(default_factory=dict)
+    transformers_version: str = transformers.__version__
+    tokenizers_version: str = tokenizers.__version__
+
+    @property
+    def tokenizer_sha256(self) -> str:
+        """One hash over every tokenizer file, for a single metric label."""
+        h = hashlib.sha256()
+        for name in sorted(self.files):
+            h.update(f"{name}={self.files[name]}\n".encode())
+        return h.hexdigest()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "revision": self.revision,
+            "tokenizer_class": self.tokenizer_class,
+            "template_sha256": self.template_sha256,
+            "tokenizer_sha256": self.tokenizer_sha256,
+            "files": dict(self.files),
+            "transformers_version": self.transformers_version,
+            "tokenizers_version": self.tokenizers_version,
+        }
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    tokenizer: Any  # a transformers PreTrainedTokenizerBase
+    identity: TokenizerIdentity
+
+
+def sha256_text(text: str | None) -> str | None:
+    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def parse_spec(spec: str) -> tuple[str, str | None]:
+    """`PATH_OR_ID[@REVISION]` -> (path_or_id, revision). A local path containing '@' wins."""
+    if "@" in spec and not os.path.exists(spec):
+        name, _, rev = spec.rpartition("@")
+        if name:
+            return name, rev or None
+    return spec, None
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("ISLWATCH_CACHE", Path.home() / ".cache" / "islwatch"))
+
+
+def materialize_builtin(name: str) -> Path:
+    """Write a loadable tokenizer folder for a vocabulary that a pip-installed package ships.
+
+    mistral-common carries the real Mistral v0.1 SentencePiece model; converting it once gives an offline
+    default for the demo and the emulator, with no hub access.
+    """
+    if name not in BUILTINS:
+        raise TokenizerLoadError(f"unknown built-in tokenizer {name!r}; known: {', '.join(sorted(BUILTINS))}")
+    vocab_file, template = BUILTINS[name]
+    try:
+        import mistral_common
+    except ImportError as exc:  # pragma: no cover - a dependency of islwatch
+        raise TokenizerLoadError("built-in tokenizers need the mistral-common package") from exc
+    src = Path(mistral_common.__file__).parent / "data" / vocab_file
+    target = _cache_root() / "builtin" / f"{name}-{mistral_common.__version__}-tf{transformers.__version__}"
+    if (target / "tokenizer.json").exists():
+        return target
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, tmp / "tokenizer.model")
+    config = {
+        "tokenizer_class": "LlamaTokenizer",
+        "legacy": True,
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "chat_template": template,
+    }
+    (tmp / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tmp))  # converts the SentencePiece model once
+    tok.save_pretrained(str(tmp))
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    return target
+
+
+def _hash_files(folder: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name in TOKENIZER_FILES:
+        p = folder / name
+        if p.is_file():
+            out[name] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def _resolved_folder(tok: Any, path_or_id: str) -> Path | None:
+    if os.path.isdir(path_or_id):
+        return Path(path_or_id)
+    try:  # a hub id: the files were cached by from_pretrained; find the snapshot folder
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(path_or_id, local_files_only=True))
+    except Exception:  # noqa: BLE001 - identity degrades to no file hashes, never blocks loading
+        return None
+
+
+def load_tokenizer(
+    spec: str,
+    revision: str | None = None,
+    chat_template_file: str | None = None,
+    trust_remote_code: bool = False,
+) -> LoadedTokenizer:
+    """Load by hub id, local folder or `builtin:NAME`; `spec` may carry `@REVISION`."""
+    from transformers import AutoTokenizer
+
+    path_or_id, spec_rev = parse_spec(spec)
+    revision = revision or spec_rev
+    display = path_or_id
+    if path_or_id.startswith(BUILTIN_PREFIX):
+        path_or_id = str(materialize_builtin(path_or_id[len(BUILTIN_PREFIX) :]))
+    try:
+        tok = AutoTokenizer.from_pretrained(path_or_id, revision=revision, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # transformers raises OSError, ValueError, ImportError...: one boundary
+        raise TokenizerLoadError(f"cannot load tokenizer {spec!r}: {exc.__class__.__name__}: {exc}") from exc
+    if chat_template_file:
+        try:
+            tok.chat_template = Path(chat_template_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise TokenizerLoadError(f"cannot read chat template file {chat_template_file!r}: {exc}") from exc
+    template = tok.chat_template if isinstance(tok.chat_template, str) else None
+    if isinstance(tok.chat_template, dict):  # named templates: the server uses "default"
+        template = tok.chat_template.get("default")
+    folder = _resolved_folder(tok, path_or_id)
+    files = _hash_files(folder) if folder else {}
+    if chat_template_file:
+        files["chat_template_override"] = sha256_text(template) or ""
+    identity = TokenizerIdentity(
+        name=display,
+        revision=revision,
+        tokenizer_class=type(tok).__name__,
+        template_sha256=sha256_text(template),
+        files=files,
+    )
+    return LoadedTokenizer(tokenizer=tok, identity=identity)
