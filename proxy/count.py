@@ -140,8 +140,9 @@ def count_chat(tok: Any, chat: ChatInput, endpoint: str) -> CountResult:
         "messages": len(chat.messages),
     }
     if template_of(tok) is None:
-        return CountResult(templated=None, expected_server=bare, method=BARE_FALLBACK,
-                           fallback_reason=NO_TEMPLATE, **common)
+        return CountResult(
+            templated=None, expected_server=bare, method=BARE_FALLBACK, fallback_reason=NO_TEMPLATE, **common
+        )
     try:
         if chat.add_special_tokens:  # vLLM renders, then encodes with the special tokens on top
             rendered = render_chat(tok, chat, tokenize=False)
@@ -150,9 +151,15 @@ def count_chat(tok: Any, chat: ChatInput, endpoint: str) -> CountResult:
         else:
             templated = len(_ids(render_chat(tok, chat, tokenize=True)))
             expected = templated
-    except Exception as exc:  # noqa: BLE001 - templates raise anything (TemplateError, TypeError...)
-        return CountResult(templated=None, expected_server=bare, method=BARE_FALLBACK,
-                           fallback_reason=TEMPLATE_ERROR, detail=type(exc).__name__, **common)
+    except Exception as exc:
+        return CountResult(
+            templated=None,
+            expected_server=bare,
+            method=BARE_FALLBACK,
+            fallback_reason=TEMPLATE_ERROR,
+            detail=type(exc).__name__,
+            **common,
+        )
     return CountResult(templated=templated, expected_server=expected, method=CHAT_TEMPLATE, **common)
 
 
@@ -208,12 +215,26 @@ def count_request(tok: Any, endpoint: str, body: Any) -> CountResult:
     try:
         inp = parse(endpoint, body, parts_format)
     except InvalidBody as exc:
-        return CountResult(endpoint=str(endpoint), bare=None, templated=None, expected_server=None,
-                           method=NONE, fallback_reason=INVALID_BODY, detail=str(exc))
+        return CountResult(
+            endpoint=str(endpoint),
+            bare=None,
+            templated=None,
+            expected_server=None,
+            method=NONE,
+            fallback_reason=INVALID_BODY,
+            detail=str(exc),
+        )
     try:
         if isinstance(inp, ChatInput):
             return count_chat(tok, inp, str(endpoint))
         return count_prompts(tok, inp, str(endpoint))
-    except Exception as exc:  # noqa: BLE001 - the one boundary that must never fail
-        return CountResult(endpoint=str(endpoint), bare=None, templated=None, expected_server=None,
-                           method=NONE, fallback_reason=TOKENIZER_ERROR, detail=type(exc).__name__)
+    except Exception as exc:
+        return CountResult(
+            endpoint=str(endpoint),
+            bare=None,
+            templated=None,
+            expected_server=None,
+            method=NONE,
+            fallback_reason=TOKENIZER_ERROR,
+            detail=type(exc).__name__,
+        )

@@ -93,9 +93,7 @@ def _part_text(part: Any) -> str:
     return text
 
 
-def _prepare_message(
-    msg: Any, parts_format: bool, texts: list[str], media: dict[str, int]
-) -> dict[str, Any]:
+def _prepare_message(msg: Any, parts_format: bool, texts: list[str], media: dict[str, int]) -> dict[str, Any]:
     if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
         raise InvalidBody("message without a string role")
     role = msg["role"]

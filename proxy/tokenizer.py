@@ -163,7 +163,7 @@ def _resolved_folder(tok: Any, path_or_id: str) -> Path | None:
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(path_or_id, local_files_only=True))
-    except Exception:  # noqa: BLE001 - identity degrades to no file hashes, never blocks loading
+    except Exception:
         return None
 
 
@@ -182,7 +182,9 @@ def load_tokenizer(
     if path_or_id.startswith(BUILTIN_PREFIX):
         path_or_id = str(materialize_builtin(path_or_id[len(BUILTIN_PREFIX) :]))
     try:
-        tok = AutoTokenizer.from_pretrained(path_or_id, revision=revision, trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(
+            path_or_id, revision=revision, trust_remote_code=trust_remote_code
+        )
     except Exception as exc:  # transformers raises OSError, ValueError, ImportError...: one boundary
         raise TokenizerLoadError(f"cannot load tokenizer {spec!r}: {exc.__class__.__name__}: {exc}") from exc
     if chat_template_file:
