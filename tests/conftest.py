@@ -1,0 +1,59 @@
+"""Shared fixtures: real tokenizers from ../shared/tokenizers (skipped cleanly when absent) and test-built ones."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.tokenizer import LoadedTokenizer, load_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("ISLWATCH_SHARED", REPO.parent / "shared"))
+SHARED_TOKENIZERS = SHARED / "tokenizers"
+FIXTURES = SHARED / "fixtures"
+FAMILIES = [
+    "mistral-7b-instruct-v0.1",
+    "qwen2.5-instruct",
+    "llama-3-8b-instruct",
+    "phi-3-mini-4k-instruct",
+    "tinyllama-1.1b-chat-v1.0",
+    "smollm2-135m-instruct",
+    "deepseek-v3",
+]
+SKIP_SHARED = f"shared tokenizers not present at {SHARED_TOKENIZERS} (see ../shared/README.md)"
+
+
+def shared_dir(family: str) -> Path:
+    path = SHARED_TOKENIZERS / family
+    if not path.is_dir():
+        pytest.skip(SKIP_SHARED)
+    return path
+
+
+@lru_cache(maxsize=None)
+def _load(spec: str) -> LoadedTokenizer:
+    return load_tokenizer(spec)
+
+
+def load_shared(family: str) -> LoadedTokenizer:
+    """Each shared tokenizer is loaded once per test session."""
+    return _load(str(shared_dir(family)))
+
+
+def load_builtin() -> LoadedTokenizer:
+    return _load("builtin:mistral-v0.1")
+
+
+@pytest.fixture(params=FAMILIES)
+def shared_family(request: pytest.FixtureRequest) -> str:
+    shared_dir(request.param)
+    return request.param
+
+
+@pytest.fixture
+def shared_tok(shared_family: str) -> Any:
+    return load_shared(shared_family).tokenizer
