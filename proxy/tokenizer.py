@@ -121,12 +121,14 @@ def materialize_builtin(name: str) -> Path:
     except ImportError as exc:  # pragma: no cover - a dependency of islwatch
         raise TokenizerLoadError("built-in tokenizers need the mistral-common package") from exc
     src = Path(mistral_common.__file__).parent / "data" / vocab_file
-    target = _cache_root() / "builtin" / f"{name}-{mistral_common.__version__}-tf{transformers.__version__}"
-    if (target / "tokenizer.json").exists():
+    target = _cache_root() / "builtin" / f"{name}-{mistral_common.__version__}"
+    if (target / "tokenizer_config.json").exists():
         return target
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, tmp / "tokenizer.model")
+    # No tokenizer.json on purpose: a re-saved conversion drops the legacy SentencePiece handling and
+    # encodes "[INST]" after "<s>" without the leading "▁" that mistral-common produces.
     config = {
         "tokenizer_class": "LlamaTokenizer",
         "legacy": True,
@@ -138,12 +140,10 @@ def materialize_builtin(name: str) -> Path:
         "chat_template": template,
     }
     (tmp / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tmp))  # converts the SentencePiece model once
-    tok.save_pretrained(str(tmp))
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)
+    try:
+        os.replace(tmp, target)
+    except OSError:  # another process won the race; its folder is identical
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

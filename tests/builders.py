@@ -11,8 +11,18 @@ from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-SPECIALS = ["<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>",
-            "<|eot_id|>", "[INST]", "[/INST]", "<unk>"]
+SPECIALS = [
+    "<|bos|>",
+    "<|eos|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "[INST]",
+    "[/INST]",
+    "<unk>",
+]
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -27,7 +37,7 @@ CORPUS = [
 # ChatML with a default system prompt (Qwen / SmolLM style).
 CHATML = (
     "{%- if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-    "{%- endif %}"
+    "{% endif %}"
     "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -64,8 +74,12 @@ def _trained() -> str:
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=SPECIALS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS, trainer=trainer)
     return tok.to_str()
 
