@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ def shared_dir(family: str) -> Path:
     return path
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(spec: str) -> LoadedTokenizer:
     return load_tokenizer(spec)
 

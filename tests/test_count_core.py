@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from builders import build_tokenizer
-from conftest import load_builtin, load_shared
+from conftest import load_builtin
 
 from proxy.count import (
     BARE_FALLBACK,
