@@ -1,0 +1,235 @@
+"""Conversations and their wire requests, each budgeted so its templated count equals its target. No I/O.
+
+Turn 1's whole templated count is the ISL (template fixed cost, wraps, shared system prompt and marker all
+included). Turn k > 1 appends the received reply and a new user message; its target is the templated count of
+the history with the reply (rendered as the template renders an assistant message) plus the ISL, so each
+user turn adds exactly ISL tokens to the wire request.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.count import count_request, encode_len
+
+from .budget import Fit, Overhead, fit_text, solve_overhead
+from .config import LoadgenConfig
+from .corpus import Corpus, build_corpus
+from .markers import CacheBust, Landing, apply_marker, landing, marker_for
+
+log = logging.getLogger("islwatch.loadgen")
+SLACK_WORDS = 64
+
+
+@dataclass(frozen=True)
+class Request:
+    conversation: str
+    turn: int  # 1-based
+    body: dict[str, Any]
+    wire: bytes
+    turn_isl: int  # what this user turn was to add (the ISL sample)
+    target_isl: int  # the whole request's templated count the budget aimed at
+    client_isl: int | None  # the templated count measured on the wire body
+    reply_tokens: int = 0  # the previous reply as rendered in the history (turn > 1)
+    error: str | None = None
+    marker: str | None = None
+
+
+@dataclass
+class Conversation:
+    id: str
+    marker: str | None
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the last request's messages
+    turn: int = 0
+    last_count: int = 0
+    rng: random.Random = field(default_factory=random.Random)
+
+
+class Workload:
+    """Builds budgeted requests for one config and one tokenizer. Deterministic for a (seed, run id)."""
+
+    def __init__(self, tok: Any, cfg: LoadgenConfig, corpus: Corpus | None = None) -> None:
+        self.tok = tok
+        self.cfg = cfg
+        self.corpus = corpus or build_corpus(tok)
+        self.landing = landing(cfg.cache_bust, cfg.shared_system_prompt_length > 0)
+        self._warned_shape = False
+        self._system_words = self.corpus.sample(
+            random.Random(f"{cfg.seed}/system"), cfg.shared_system_prompt_length + SLACK_WORDS
+        )
+        self.system_text: str | None = None
+        if cfg.shared_system_prompt_length:
+            fit = self._fit_system(None)
+            self.system_text = fit.text
+            if fit.error:
+                raise ValueError(f"shared system prompt: {fit.error}")
+
+    # --- counting -------------------------------------------------------------------------------------
+    def count(self, body: dict[str, Any]) -> tuple[int | None, str | None]:
+        """The ISL of a body as the proxy counts it: templated for chat, plain encode otherwise."""
+        r = count_request(self.tok, self.cfg.endpoint, body)
+        value = r.templated if self.cfg.endpoint == "chat" else r.expected_server
+        if value is None:
+            return None, f"{r.fallback_reason}{f' ({r.detail})' if r.detail else ''}"
+        return value, None
+
+    def _measure(self, body_for: Any) -> Any:
+        def measure(text: str) -> int:
+            value, err = self.count(body_for(text))
+            if value is None:
+                raise _Uncountable(err or "uncountable")
+            return value
+
+        return measure
+
+    # --- bodies -----------------------------------------------------------------------------------------
+    def _body(self, messages_or_text: Any) -> dict[str, Any]:
+        c = self.cfg
+        body: dict[str, Any] = {"model": c.model}
+        if c.endpoint == "chat":
+            body["messages"] = messages_or_text
+        elif c.endpoint == "completions":
+            body["prompt"] = messages_or_text
+        else:
+            return {"model": c.model, "input": messages_or_text}
+        body["max_tokens"] = c.osl
+        if c.ignore_eos:
+            body["ignore_eos"] = True  # vLLM / SGLang extension: generate exactly max_tokens
+        if c.streaming:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}  # usage in the last chunk (OpenAI API)
+        return body
+
+    def _user_content(self, text: str, marker: str | None) -> Any:
+        content: Any = [{"type": "text", "text": text}] if self.cfg.content_parts else text
+        if marker is None:
+            return content
+        marked, applied = apply_marker(content, marker, self.cfg.cache_bust.prefix)
+        if not applied and not self._warned_shape:
+            self._warned_shape = True
+            log.warning("cache-bust: unknown content shape %s, no marker added", type(content).__name__)
+        return marked
+
+    def _fit_system(self, marker: str | None) -> Fit:
+        n = self.cfg.shared_system_prompt_length
+        prefix = self.cfg.cache_bust.prefix
+
+        def measure(text: str) -> int:
+            content = apply_marker(text, marker, prefix)[0] if marker else text
+            return encode_len(self.tok, content, add_special_tokens=False)
+
+        return fit_text(measure, n, self._system_words, self.corpus.fillers)
+
+    def _system_message(self, marker: str | None) -> tuple[dict[str, Any] | None, str | None]:
+        if self.system_text is None:
+            return None, None
+        if marker is None:
+            return {"role": "system", "content": self.system_text}, None
+        # The wire system message stays N tokens: the shared text is rebuilt shorter around the marker.
+        fit = self._fit_system(marker)
+        content = apply_marker(fit.text, marker, self.cfg.cache_bust.prefix)[0]
+        return {"role": "system", "content": content}, (f"system prompt: {fit.error}" if fit.error else None)
+
+    def _turn_isl(self, conv: Conversation) -> int:
+        if not self.cfg.isl_stddev:
+            return self.cfg.isl
+        return max(1, round(conv.rng.gauss(self.cfg.isl, self.cfg.isl_stddev)))
+
+    # --- conversations ----------------------------------------------------------------------------------
+    def start(self, conversation_id: str) -> tuple[Conversation, Request]:
+        c = self.cfg
+        marker = marker_for(c.run_id, conversation_id) if c.cache_bust is not CacheBust.NONE else None
+        conv = Conversation(conversation_id, marker, rng=random.Random(f"{c.seed}/{conversation_id}"))
+        isl = self._turn_isl(conv)
+        if c.endpoint != "chat":
+            return conv, self._finish(conv, isl, isl, 0, self._body, None)
+        system, sys_err = self._system_message(marker if self.landing is Landing.SYSTEM else None)
+        head = [system] if system else []
+        user_marker = marker if self.landing is Landing.FIRST_USER else None
+
+        def body_for(text: str) -> dict[str, Any]:
+            return self._body([*head, {"role": "user", "content": self._user_content(text, user_marker)}])
+
+        return conv, self._finish(conv, isl, isl, 0, body_for, sys_err)
+
+    def follow_up(self, conv: Conversation, reply: str) -> Request:
+        """The next turn: the history, the reply just received, and a new user message of ISL tokens."""
+        history = [*conv.messages, {"role": "assistant", "content": reply}]
+        with_reply, err = self.count({"messages": history, "add_generation_prompt": False})
+        isl = self._turn_isl(conv)
+        if with_reply is None:
+            return self._failed(conv, isl, conv.last_count + isl, f"history uncountable: {err}")
+
+        def body_for(text: str) -> dict[str, Any]:
+            return self._body([*history, {"role": "user", "content": self._user_content(text, None)}])
+
+        return self._finish(conv, isl, with_reply + isl, with_reply - conv.last_count, body_for, None)
+
+    def _finish(
+        self, conv: Conversation, isl: int, target: int, reply_tokens: int, body_for: Any, prior: str | None
+    ) -> Request:
+        conv.turn += 1
+        words = self.corpus.sample(conv.rng, target + SLACK_WORDS)
+        try:
+            fit = fit_text(self._measure(body_for), target, words, self.corpus.fillers)
+        except _Uncountable as exc:
+            return self._failed(conv, isl, target, f"uncountable request: {exc}", advance=False)
+        body = body_for(fit.text)
+        wire = orjson.dumps(body)
+        # The number we report is measured on the bytes we send, not on the dict we built.
+        client, err = self.count(orjson.loads(wire))
+        error = prior or fit.error or err
+        if error is None and client != target:
+            error = f"measured {client} on the wire, budgeted {target}"
+        if self.cfg.endpoint == "chat":
+            conv.messages = body["messages"]
+        conv.last_count = client or target
+        return Request(conv.id, conv.turn, body, wire, isl, target, client, reply_tokens, error, conv.marker)
+
+    def _failed(self, conv: Conversation, isl: int, target: int, error: str, advance: bool = True) -> Request:
+        if advance:
+            conv.turn += 1
+        return Request(conv.id, conv.turn, {}, b"", isl, target, None, 0, error, conv.marker)
+
+    # --- overhead (printed at start) ---------------------------------------------------------------------
+    def overhead(self) -> Overhead:
+        """Fixed and per-message template cost, solved from 1- and 3-message renders; marker mean of 8."""
+        rng = random.Random(f"{self.cfg.seed}/overhead")
+        samples = [" ".join(self.corpus.sample(rng, n)) for n in (16, 32, 48)]
+        bare = [encode_len(self.tok, s, add_special_tokens=False) for s in samples]
+        if self.cfg.endpoint != "chat":
+            fixed = sum(encode_len(self.tok, s, True) - b for s, b in zip(samples, bare, strict=True)) / 3
+            return Overhead(fixed=fixed, wrap=0.0, marker=0.0)
+        one, three = [], []
+        for s, b in zip(samples, bare, strict=True):
+            t1, _ = self.count({"messages": [{"role": "user", "content": s}]})
+            msgs = [{"role": "user", "content": s}, {"role": "assistant", "content": s}]
+            t3, _ = self.count({"messages": [*msgs, {"role": "user", "content": s}]})
+            if t1 is None or t3 is None:
+                return Overhead(fixed=float("nan"), wrap=float("nan"), marker=float("nan"))
+            one.append((t1, b))
+            three.append((t3, 3 * b))
+        fixed, wrap = solve_overhead(one, three)
+        costs = []
+        plain = one[0][0]
+        for i in range(8):
+            marked = apply_marker(samples[0], marker_for(self.cfg.run_id, f"overhead-{i}"), True)[0]
+            t, _ = self.count({"messages": [{"role": "user", "content": marked}]})
+            costs.append((t or plain) - plain)
+        return Overhead(fixed=fixed, wrap=wrap, marker=sum(costs) / len(costs))
+
+    def preflight(self) -> Request:
+        """Build one first turn before any request is sent; a config the template cannot meet fails here."""
+        _, req = self.start("preflight")
+        if req.error:
+            raise ValueError(f"cannot build a request for this configuration: {req.error}")
+        return req
+
+
+class _Uncountable(Exception):
+    """The counting core fell back (e.g. the template raised); the request cannot be budgeted."""
