@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import pytest
@@ -17,12 +17,12 @@ from tests.conftest import FAMILIES, load_builtin, load_shared
 BUILT = [(style, None) for style in TEMPLATES] + [("chatml", True), ("llama3", False)]
 
 
-@lru_cache(maxsize=None)
+@cache
 def shared_counter(family: str) -> FastCounter:
     return FastCounter(load_shared(family).tokenizer)
 
 
-@lru_cache(maxsize=None)
+@cache
 def built_counter(style: str, add_bos: bool | None) -> FastCounter:
     return FastCounter(build_tokenizer(style, add_bos))
 
@@ -142,8 +142,8 @@ def test_caches_hold_no_text() -> None:
     fc = built_counter("chatml", None)
     secret = "my secret prompt text 8c1f"
     fc.count("chat", {"messages": [{"role": "user", "content": secret}]})
-    for cache in (fc._texts, fc._pieces):
-        for key in cache._data:
+    for lru in (fc._texts, fc._pieces):
+        for key in lru._data:
             parts = key if isinstance(key, tuple) else (key,)
             assert all(not (isinstance(p, str) and "secret" in p) for p in parts)
 
