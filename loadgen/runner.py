@@ -1,0 +1,320 @@
+"""The I/O side: send budgeted requests over aiohttp on a closed- or open-loop schedule and time them.
+
+Bodies are serialized once when built (orjson); the open loop computes its whole arrival schedule up front
+and pre-builds first turns before the clock starts, so a slow response or a slow build never delays a send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from .config import LoadgenConfig
+from .workload import Conversation, Request, Workload
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+@dataclass(frozen=True)
+class Record:
+    """One request's outcome: one line of --records."""
+
+    conversation: str
+    turn: int
+    warmup: bool
+    turn_isl: int
+    target_isl: int
+    client_isl: int | None
+    server_prompt_tokens: int | None
+    reply_tokens: int
+    output_tokens: int | None
+    status: int | None
+    error: str | None  # transport or HTTP error
+    budget_error: str | None  # the request could not be budgeted exactly
+    sent_at: float  # time.monotonic(), comparable across worker processes on one machine
+    scheduled_at: float | None  # open loop: when the schedule said to send
+    send_lateness_ms: float | None
+    latency_ms: float | None  # end to end
+    ttft_ms: float | None
+    itl_ms: float | None  # mean gap between content chunks
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: int | None
+    error: str | None
+    reply: str | None
+    prompt_tokens: int | None
+    output_tokens: int | None
+    latency_ms: float | None
+    ttft_ms: float | None
+    itl_ms: float | None
+
+
+def arrivals(rate: float, kind: str, seed: str, phase: float = 0.0) -> Iterator[float]:
+    """Send offsets in seconds from the start: Poisson (exponential gaps) or evenly spaced."""
+    rng = random.Random(seed)
+    t = phase
+    while True:
+        yield t
+        t += rng.expovariate(rate) if kind == "poisson" else 1.0 / rate
+
+
+def _text_of(choice: dict[str, Any], streaming: bool) -> str:
+    if streaming:
+        delta = choice.get("delta") or {}
+        return delta.get("content") or choice.get("text") or ""
+    message = choice.get("message") or {}
+    return message.get("content") or choice.get("text") or ""
+
+
+def _usage(obj: Any) -> tuple[int | None, int | None]:
+    usage = obj.get("usage") if isinstance(obj, dict) else None
+    if not isinstance(usage, dict):
+        return None, None
+    return usage.get("prompt_tokens"), usage.get("completion_tokens")
+
+
+class StreamTimer:
+    """Feeds SSE lines; keeps the reply text, content-chunk times and the last usage seen."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.times: list[float] = []
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+
+    def feed_line(self, line: bytes, now: float) -> None:
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            return
+        payload = line[5:].strip()
+        if payload == b"[DONE]" or not payload:
+            return
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(obj, dict):
+            return
+        prompt, completion = _usage(obj)
+        if prompt is not None:
+            self.prompt_tokens, self.completion_tokens = prompt, completion
+        for choice in obj.get("choices") or []:
+            text = _text_of(choice, True) if isinstance(choice, dict) else ""
+            if text:
+                self.parts.append(text)
+                self.times.append(now)
+
+
+async def send(session: aiohttp.ClientSession, url: str, req: Request, cfg: LoadgenConfig) -> Outcome:
+    start = time.perf_counter()
+    try:
+        async with session.post(url, data=req.wire, headers=JSON_HEADERS) as resp:
+            if cfg.streaming and resp.status == 200:
+                timer = StreamTimer()
+                async for line in resp.content:
+                    timer.feed_line(line, time.perf_counter())
+                end = time.perf_counter()
+                gaps = [b - a for a, b in zip(timer.times, timer.times[1:], strict=False)]
+                return Outcome(
+                    200,
+                    None,
+                    "".join(timer.parts),
+                    timer.prompt_tokens,
+                    timer.completion_tokens if timer.completion_tokens is not None else len(timer.times),
+                    (end - start) * 1000,
+                    (timer.times[0] - start) * 1000 if timer.times else None,
+                    (sum(gaps) / len(gaps)) * 1000 if gaps else None,
+                )
+            raw = await resp.read()
+            end = time.perf_counter()
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        return Outcome(None, type(exc).__name__, None, None, None, None, None, None)
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        obj = None
+    latency = (end - start) * 1000
+    if resp.status != 200 or not isinstance(obj, dict):
+        return Outcome(resp.status, f"HTTP {resp.status}", None, None, None, latency, None, None)
+    prompt, completion = _usage(obj)
+    choices = obj.get("choices") or []
+    reply = _text_of(choices[0], False) if choices and isinstance(choices[0], dict) else ""
+    return Outcome(200, None, reply, prompt, completion, latency, None, None)
+
+
+class Engine:
+    """Runs conversations for one process: closed loop (N users) or open loop (a precomputed schedule)."""
+
+    def __init__(
+        self,
+        cfg: LoadgenConfig,
+        workload: Workload,
+        worker: int = 0,
+        workers: int = 1,
+        on_done: Callable[[Record], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.workload = workload
+        self.worker = worker
+        self.workers = workers
+        self.on_done = on_done
+        self.records: list[Record] = []
+        self._next_conv = 0
+        self._session: aiohttp.ClientSession | None = None
+
+    # --- shares of the whole run for this worker ---------------------------------------------------------
+    def _share(self, total: int) -> int:
+        return total // self.workers + (1 if self.worker < total % self.workers else 0)
+
+    def new_conversation(self, prefix: str = "c") -> tuple[Conversation, Request]:
+        cid = f"{prefix}{self._next_conv * self.workers + self.worker}"
+        self._next_conv += 1
+        return self.workload.start(cid)
+
+    async def run(self, ready: Callable[[], None] | None = None) -> list[Record]:
+        c = self.cfg
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        timeout = aiohttp.ClientTimeout(total=c.timeout_seconds)
+        headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else None
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
+            self._session = session
+            if c.warmup:
+                await self._warmup(self._share(c.warmup))
+            if c.request_rate is not None:
+                await self._open_loop(c.request_rate / self.workers, ready)
+            else:
+                if ready:
+                    ready()
+                await self._closed_loop(self._share(c.concurrency or 1))
+        return self.records
+
+    async def execute(
+        self, conv: Conversation, req: Request, warmup: bool = False, scheduled: float | None = None
+    ) -> str | None:
+        """Send one request (unless it could not be built), record it, return the reply text."""
+        sent = time.monotonic()
+        if req.wire:
+            assert self._session is not None
+            out = await send(self._session, self.cfg.endpoint_url, req, self.cfg)
+        else:
+            out = Outcome(None, "not sent", None, None, None, None, None, None)
+        rec = Record(
+            conversation=conv.id,
+            turn=req.turn,
+            warmup=warmup,
+            turn_isl=req.turn_isl,
+            target_isl=req.target_isl,
+            client_isl=req.client_isl,
+            server_prompt_tokens=out.prompt_tokens,
+            reply_tokens=req.reply_tokens,
+            output_tokens=out.output_tokens,
+            status=out.status,
+            error=out.error,
+            budget_error=req.error,
+            sent_at=sent,
+            scheduled_at=scheduled,
+            send_lateness_ms=None if scheduled is None else max(0.0, (sent - scheduled) * 1000),
+            latency_ms=out.latency_ms,
+            ttft_ms=out.ttft_ms,
+            itl_ms=out.itl_ms,
+        )
+        self.records.append(rec)
+        if self.on_done and not warmup:
+            self.on_done(rec)
+        return out.reply if out.error is None else None
+
+    async def _warmup(self, n: int) -> None:
+        todo = iter(range(n))
+
+        async def user() -> None:
+            for _ in todo:
+                conv, req = self.new_conversation("w")
+                await self.execute(conv, req, warmup=True)
+
+        await asyncio.gather(*(user() for _ in range(min(n, self.cfg.concurrency or 8) or 1)))
+        self._next_conv = 0
+
+    def _more(self, sent: int, started: float) -> bool:
+        c = self.cfg
+        if c.request_count is not None:
+            return sent < self._share(c.request_count)
+        return time.monotonic() - started < (c.duration or 0)
+
+    async def _closed_loop(self, users: int) -> None:
+        started = time.monotonic()
+        sent = 0
+
+        def take() -> bool:
+            nonlocal sent
+            if not self._more(sent, started):
+                return False
+            sent += 1
+            return True
+
+        async def user() -> None:
+            while take():
+                conv, req = self.new_conversation()
+                while True:
+                    reply = await self.execute(conv, req)
+                    if reply is None or req.wire == b"" or conv.turn >= self.cfg.turns or not take():
+                        break
+                    req = self.workload.follow_up(conv, reply)
+
+        await asyncio.gather(*(user() for _ in range(users)))
+
+    def _slots(self, rate: float) -> list[float]:
+        c = self.cfg
+        phase = self.worker / (rate * self.workers) if c.arrival == "constant" else 0.0
+        gen = arrivals(rate, c.arrival, f"{c.seed}/arrivals/{self.worker}", phase)
+        if c.request_count is not None:
+            return [next(gen) for _ in range(self._share(c.request_count))]
+        out = []
+        for t in gen:
+            if t >= (c.duration or 0):
+                return out
+            out.append(t)
+        return out
+
+    async def _open_loop(self, rate: float, ready: Callable[[], None] | None) -> None:
+        slots = self._slots(rate)
+        # First turns are built before the clock starts; later turns when their reply arrives.
+        first = self.cfg.turns == 1
+        prebuilt = deque(self.new_conversation() for _ in range(len(slots) if first else min(len(slots), 64)))
+        follow_ups: deque[tuple[Conversation, Request]] = deque()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one(conv: Conversation, req: Request, at: float) -> None:
+            reply = await self.execute(conv, req, scheduled=at)
+            if reply is not None and req.wire and conv.turn < self.cfg.turns:
+                follow_ups.append((conv, self.workload.follow_up(conv, reply)))
+
+        if ready:
+            ready()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        m0 = time.monotonic()
+        for offset in slots:
+            delay = t0 + offset - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if follow_ups:
+                conv, req = follow_ups.popleft()
+            elif prebuilt:
+                conv, req = prebuilt.popleft()
+            else:
+                conv, req = self.new_conversation()
+            task = asyncio.create_task(one(conv, req, m0 + offset))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        while tasks:
+            await asyncio.gather(*list(tasks))

@@ -1,0 +1,126 @@
+"""Rich rendering of a LoadgenReport (the overhead line at start, the final tables)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from .report import LoadgenReport, Overheads, Percentiles
+
+
+def _f(v: float | None, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.2f}%"
+
+
+def print_overhead(console: Console, o: Overheads, target: str) -> None:
+    console.print(
+        f"template overhead: fixed {o.fixed:.2f} tokens/request, wrap {o.wrap:.2f} tokens/message, "
+        f"marker {o.marker:.2f} tokens (mean of 8); cache-bust marker lands on: {target}"
+    )
+
+
+def _pct_row(name: str, p: Percentiles | None, digits: int = 2) -> list[str]:
+    if p is None:
+        return [name, "-", "-", "-", "-", "-", "0"]
+    return [
+        name,
+        _f(p.mean, digits),
+        _f(p.p50, digits),
+        _f(p.p90, digits),
+        _f(p.p99, digits),
+        _f(p.max, digits),
+        str(p.n),
+    ]
+
+
+def print_report(console: Console, r: LoadgenReport) -> None:
+    isl = r.isl
+    t = Table(title=f"ISL: target vs achieved (run {r.run_id})")
+    for col in ("", "mean", "exact", "exact rate", "p50 err", "p90 err", "p99 err", "max err"):
+        t.add_column(col, justify="right")
+    t.add_row("target (budget)", _f(isl.target_mean), "", "", "", "", "", "")
+    for name, mean, exact, rate, err, n in (
+        (
+            "client templated",
+            isl.client_mean,
+            isl.client_exact,
+            isl.client_exact_rate,
+            isl.client_error,
+            isl.requests,
+        ),
+        (
+            "server usage",
+            isl.server_mean,
+            isl.server_exact,
+            isl.server_exact_rate,
+            isl.server_error,
+            isl.server_reported,
+        ),
+    ):
+        e = err
+        t.add_row(
+            name,
+            _f(mean),
+            f"{exact}/{n}",
+            _pct(rate),
+            _f(e.p50 if e else None, 0),
+            _f(e.p90 if e else None, 0),
+            _f(e.p99 if e else None, 0),
+            _f(e.max if e else None, 0),
+        )
+    console.print(t)
+    if isl.budget_errors:
+        console.print(
+            f"[yellow]{isl.budget_errors} request(s) could not be budgeted exactly:[/] "
+            + "; ".join(isl.budget_error_samples)
+        )
+    if len(r.turns) > 1:
+        tt = Table(title="per turn")
+        for col in (
+            "turn",
+            "requests",
+            "ISL added",
+            "target (whole request)",
+            "client exact",
+            "server exact",
+        ):
+            tt.add_column(col, justify="right")
+        for s in r.turns:
+            tt.add_row(
+                str(s.turn),
+                str(s.requests),
+                _f(s.turn_isl_mean),
+                _f(s.target_mean),
+                _pct(s.client_exact_rate),
+                _pct(s.server_exact_rate),
+            )
+        console.print(tt)
+    lt = Table(title="latency (ms)")
+    for col in ("", "mean", "p50", "p90", "p99", "max", "n"):
+        lt.add_column(col, justify="right")
+    lt.add_row(*_pct_row("end to end", r.latency_ms))
+    if r.ttft_ms:
+        lt.add_row(*_pct_row("time to first token", r.ttft_ms))
+    if r.itl_ms:
+        lt.add_row(*_pct_row("inter-token", r.itl_ms))
+    if r.send_lateness_ms:
+        lt.add_row(*_pct_row("send lateness", r.send_lateness_ms, 3))
+    console.print(lt)
+    console.print(
+        f"requests {r.requests} (ok {r.succeeded}, failed {r.failed}, warmup excluded {r.warmup_excluded}) in "
+        f"{r.duration_s:.2f} s: {r.request_throughput:.1f} req/s, output {r.output_token_throughput:.1f} tok/s, "
+        f"input {r.input_token_throughput:.1f} tok/s"
+    )
+    if r.errors:
+        console.print("[red]errors:[/] " + ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())))
+    if r.proxy is not None:
+        pt = Table(title="the proxy's own counts during the run (from its /metrics)")
+        pt.add_column("metric")
+        pt.add_column("by label")
+        for name, values in sorted(r.proxy.items()):
+            pt.add_row(name, ", ".join(f"{k}={v:g}" for k, v in sorted(values.items())))
+        console.print(pt)
