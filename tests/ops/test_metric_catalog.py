@@ -1,0 +1,31 @@
+"""The metric table the dashboard and alerts are checked against equals what proxy.metrics exports."""
+
+from __future__ import annotations
+
+from opslib import HISTOGRAMS, METRIC_LABELS
+from prometheus_client import CollectorRegistry
+
+from proxy.metrics import build_metrics
+
+
+def exported() -> dict[str, tuple[str, frozenset[str]]]:
+    """Exposition name (with `_total` for counters) -> (type, label names), from a fresh registry."""
+    metrics = build_metrics(CollectorRegistry(), process_metrics=False)
+    out = {}
+    for family in metrics.registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        collector = metrics.registry._names_to_collectors[name]  # noqa: SLF001 - label names are not public
+        out[name] = (family.type, frozenset(collector._labelnames))  # noqa: SLF001
+    return out
+
+
+def test_catalog_matches_proxy_metrics() -> None:
+    got = exported()
+    assert set(got) == set(METRIC_LABELS)
+    for name, labels in METRIC_LABELS.items():
+        assert got[name][1] == labels, name
+
+
+def test_histograms_are_histograms() -> None:
+    got = exported()
+    assert {n for n, (kind, _) in got.items() if kind == "histogram"} == HISTOGRAMS
