@@ -21,8 +21,10 @@ Checks run in this order; the first that applies wins (see docs/parity.md for th
 5. `duplicate_bos`        chat only: the template emits BOS itself and the difference equals the number of
                           special tokens a plain encode adds (the server encoded the rendered text with
                           `add_special_tokens=True`, e.g. vLLM's `add_special_tokens` chat extension);
-6. `template_not_applied` chat only: the server count equals the bare count, or the bare count plus the
-                          plain special tokens (the server tokenized the texts without the template);
+6. `template_not_applied` chat only: the server saw fewer tokens than templated, and its count equals the
+                          bare count or the bare count plus the plain special tokens (the server tokenized
+                          the texts without the template); with k messages a window of ±(k−1) tokens
+                          allows for the separators a template-less server joins texts with;
 7. `generation_prompt_mismatch` chat only: the difference is ± the generation prompt's length (the server
                           did not add the assistant header we expected, or added one we did not);
 8. `hidden_system_prompt` chat only: a positive difference of at least `HIDDEN_SYSTEM_MIN_TOKENS` not
@@ -135,6 +137,17 @@ def _is_chat(result: CountResult) -> bool:
     return result.method in (CHAT_TEMPLATE, BARE_FALLBACK)
 
 
+def _near_bare(server: int, bare: int, plain: int, messages: int) -> bool:
+    """The server count is what the message texts cost without a template.
+
+    One message: exactly bare, or bare plus the plain special tokens. A server without a template joins
+    several texts with a separator (vLLM and the emulator use "\\n"), which adds at most one token per join
+    or merges into a neighbour, so each extra message widens the window by one token on either side.
+    """
+    joins = max(messages - 1, 0)
+    return bare - joins <= server <= bare + plain + joins
+
+
 def _classify(result: CountResult, server: int, profile: DriftProfile) -> str:
     reference = result.templated if result.templated is not None else result.expected_server
     if reference is None or isinstance(server, bool) or not isinstance(server, int):
@@ -151,7 +164,9 @@ def _classify(result: CountResult, server: int, profile: DriftProfile) -> str:
     plain = profile.plain_special_tokens
     if result.templated is not None and profile.template_emits_bos and plain > 0 and diff == plain:
         return DUPLICATE_BOS
-    if result.bare is not None and server in (result.bare, result.bare + plain):
+    # With a template, skipping it loses the structure tokens, so the server saw fewer (diff < 0).
+    below = diff < 0 or result.templated is None
+    if below and result.bare is not None and _near_bare(server, result.bare, plain, result.messages):
         return TEMPLATE_NOT_APPLIED
     gen = profile.generation_prompt_tokens
     if result.templated is not None and gen != 0 and abs(diff) == abs(gen):
