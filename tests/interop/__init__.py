@@ -1,0 +1,1 @@
+"""Interop tests against a real llama.cpp llama-server (a package so its conftest does not shadow tests/conftest.py)."""

@@ -1,0 +1,90 @@
+"""Session fixtures: one real llama-server per tiny GGUF model, started once and stopped at the end.
+
+Skips (with the reason) only when llama-server is absent and the build script cannot build it, or when the
+shared models / tokenizers are not present. A server that fails to start is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from interop.llama_server_proc import (
+    GGUF,
+    BinaryUnavailable,
+    LlamaServer,
+    binary_version,
+    find_binary,
+    free_port,
+    launch,
+    stop,
+    wait_healthy,
+)
+
+FAMILIES = list(GGUF)
+ROOT_CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
+
+
+@pytest.fixture(scope="session")
+def llama_server_binary() -> str:
+    try:
+        return find_binary()
+    except BinaryUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def llama_servers(
+    request: pytest.FixtureRequest, llama_server_binary: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, LlamaServer]]:
+    """Both models load in parallel (one thread each); each is healthy before any test uses it."""
+    gguf_dir = _root_conftest(request).FIXTURES / "gguf"
+    missing = [name for name in GGUF.values() if not (gguf_dir / name).is_file()]
+    if missing:
+        pytest.skip(
+            f"tiny GGUF models not present in {gguf_dir} (see ../shared/fixtures/README.md): {missing}"
+        )
+    version = binary_version(llama_server_binary)
+    logs = tmp_path_factory.mktemp("llama-server")
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    servers: dict[str, LlamaServer] = {}
+    try:
+        for family, name in GGUF.items():
+            port = free_port()
+            log_path = logs / f"{family}.log"
+            procs[family] = launch(llama_server_binary, gguf_dir / name, port, log_path)
+            servers[family] = LlamaServer(family, gguf_dir / name, port, log_path, version)
+        for family, server in servers.items():
+            wait_healthy(procs[family], server.base_url, server.log_path)
+        yield servers
+    finally:
+        for proc in procs.values():
+            stop(proc)
+
+
+@pytest.fixture(scope="session", params=FAMILIES)
+def family(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def llama_server(llama_servers: dict[str, LlamaServer], family: str) -> LlamaServer:
+    return llama_servers[family]
+
+
+@pytest.fixture(scope="session")
+def family_tokenizer(request: pytest.FixtureRequest, family: str) -> Any:
+    """Through tests/conftest.py's loader (found by its plugin name: a second `import conftest` here would
+    import this file), so each tokenizer is loaded once per session for the whole suite."""
+    return _root_conftest(request).load_shared(family).tokenizer
+
+
+def _root_conftest(request: pytest.FixtureRequest) -> Any:
+    module = request.config.pluginmanager.get_plugin(str(ROOT_CONFTEST))
+    if module is None:
+        raise RuntimeError(f"{ROOT_CONFTEST} is not loaded")
+    return module

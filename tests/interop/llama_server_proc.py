@@ -1,0 +1,131 @@
+"""Finding, starting and stopping a real llama.cpp `llama-server` for the interop tests.
+
+Plain functions (subprocess + urllib), so scripts/start_llama_server.sh-style use and the session fixtures
+share one way of starting the server: loopback only, one slot, one thread, no web UI, a free port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "scripts" / "build_llama_server.sh"
+ENV_BINARY = "ISLWATCH_LLAMA_SERVER"
+# family (folder in ../shared/tokenizers) -> tiny model in ../shared/fixtures/gguf
+GGUF = {
+    "qwen2.5-instruct": "qwen2.5-instruct-tiny-q8_0.gguf",
+    "llama-3-8b-instruct": "llama-3-8b-instruct-tiny-q8_0.gguf",
+}
+# A guard against a hung server, not a timing assertion: loading a tiny model takes about a second.
+START_DEADLINE_SECONDS = 120.0
+
+
+class BinaryUnavailable(RuntimeError):
+    """llama-server is absent and the build script could not produce it (the only reason to skip)."""
+
+
+class ServerFailed(RuntimeError):
+    """llama-server exited or never became healthy (a test failure, never a skip)."""
+
+
+@dataclass(frozen=True)
+class LlamaServer:
+    family: str
+    gguf: Path
+    port: int
+    log_path: Path
+    version: str
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def find_binary() -> str:
+    """$ISLWATCH_LLAMA_SERVER, else the build script (which reuses its cache in well under a second)."""
+    env = os.environ.get(ENV_BINARY)
+    if env:
+        if not os.access(env, os.X_OK):
+            raise ServerFailed(f"{ENV_BINARY}={env} is not an executable file")
+        return env
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines or not os.access(lines[-1], os.X_OK):
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+        raise BinaryUnavailable(f"llama-server is not built and {BUILD_SCRIPT.name} failed: {tail}")
+    return lines[-1]
+
+
+def binary_version(binary: str) -> str:
+    """`llama-server --version` prints e.g. 'version: 0.5.0-dev (build 1, commit 0c1e570)' on stderr."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+    for line in (out.stderr + out.stdout).splitlines():
+        if line.startswith("version:"):
+            return line.removeprefix("version:").strip()
+    return "unknown"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(binary: str, gguf: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["-np", "1", "-t", "1", "--no-webui"]
+    log = open(log_path, "wb")  # noqa: SIM115 - the child owns the handle for its lifetime
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def health(base_url: str) -> tuple[int, dict[str, object]]:
+    """GET /health -> (status, JSON body); status 0 while nothing listens yet."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=5) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as err:  # 503 {"error": {"message": "Loading model", ...}} while loading
+        body = err.read()
+        return err.code, json.loads(body) if body else {}
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, {}
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], base_url: str, log_path: Path) -> list[int]:
+    """Poll /health until 200; returns the statuses seen (503 while the model loads)."""
+    seen: list[int] = []
+    deadline = time.monotonic() + START_DEADLINE_SECONDS
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerFailed(f"llama-server exited with {proc.returncode}: {log_tail(log_path)}")
+        status, _ = health(base_url)
+        if not seen or seen[-1] != status:
+            seen.append(status)
+        if status == 200:
+            return seen
+        time.sleep(0.02)
+    raise ServerFailed(f"llama-server not healthy after {START_DEADLINE_SECONDS}s: {log_tail(log_path)}")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def log_tail(log_path: Path, lines: int = 5) -> str:
+    try:
+        return " | ".join(log_path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
