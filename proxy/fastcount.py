@@ -103,6 +103,11 @@ class _Lru:
             while len(self._data) > self._entries:
                 self._data.popitem(last=False)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self.hits = self.misses = 0
+
     def __len__(self) -> int:
         return len(self._data)
 
@@ -159,6 +164,10 @@ class FastCounter:
                 fallback_reason=TOKENIZER_ERROR,
                 detail=type(exc).__name__,
             )
+
+    def clear_caches(self) -> None:
+        self._texts.clear()
+        self._pieces.clear()
 
     def cache_stats(self) -> dict[str, int]:
         return {
