@@ -282,7 +282,7 @@ class Emulator:
         served = self.config.served_models
         if self.config.strict_models and model is not None and model not in served:
             raise RequestError(f"The model `{model}` does not exist.", status=404, param="model")
-        if body.get("n", 1) != 1:
+        if body.get("n") not in (None, 1):
             raise RequestError("the emulator answers n=1 only", param="n")
         faults = self.config.faults
         if endpoint == Endpoint.COMPLETIONS:
