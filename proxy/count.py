@@ -7,7 +7,7 @@ cannot count exactly comes back as a result with a `fallback_reason`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -203,7 +203,9 @@ def parse(endpoint: str, body: Any, parts_format: bool) -> ChatInput | PromptInp
         return prompt_input(body, "prompt")
     if endpoint == Endpoint.EMBEDDINGS:
         if isinstance(body, dict) and isinstance(body.get("messages"), list):
-            return chat_input(body, parts_format)  # vLLM's chat-style embeddings
+            # vLLM's chat-style embeddings (EmbeddingChatRequest) default add_generation_prompt to False.
+            chat = chat_input(body, parts_format)
+            return replace(chat, add_generation_prompt=bool(body.get("add_generation_prompt", False)))
         return prompt_input(body, "input")
     raise InvalidBody(f"unknown endpoint {endpoint!r}")
 

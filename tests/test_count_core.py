@@ -371,3 +371,11 @@ def test_invalid_bodies_are_reasons_not_errors(endpoint: str, body: Any) -> None
 def test_count_result_is_json_serialisable() -> None:
     tok = build_tokenizer("chatml")
     json.dumps(count_request(tok, "chat", chat([{"role": "user", "content": "x"}])).as_dict())
+
+
+def test_chat_style_embeddings_default_to_no_generation_prompt() -> None:
+    tok = build_tokenizer("chatml")
+    msgs = [{"role": "user", "content": "Embed me"}]
+    emb = count_request(tok, "embeddings", {"messages": msgs})
+    assert emb.templated == count_request(tok, "chat", chat(msgs, add_generation_prompt=False)).templated
+    assert emb.templated < count_request(tok, "chat", chat(msgs)).templated
