@@ -109,6 +109,10 @@ class Workload:
         content: Any = [{"type": "text", "text": text}] if self.cfg.content_parts else text
         if marker is None:
             return content
+        return self.mark(content, marker)
+
+    def mark(self, content: Any, marker: str) -> Any:
+        """Content with the marker added; an unknown content shape is left alone, with one warning per run."""
         marked, applied = apply_marker(content, marker, self.cfg.cache_bust.prefix)
         if not applied and not self._warned_shape:
             self._warned_shape = True
@@ -227,7 +231,10 @@ class Workload:
         """Build one first turn before any request is sent; a config the template cannot meet fails here."""
         _, req = self.start("preflight")
         if req.error:
-            raise ValueError(f"cannot build a request for this configuration: {req.error}")
+            hint = ""
+            if "template_error" in req.error and self.system_text is not None:
+                hint = " (does the chat template accept a system message? Mistral v0.1's does not)"
+            raise ValueError(f"cannot build a request for this configuration: {req.error}{hint}")
         return req
 
 
