@@ -119,6 +119,26 @@ def expected_requests(cfg: LoadgenConfig) -> int | None:
     return None
 
 
+def settled_proxy_counts(
+    url: str, before: proxymetrics.Counts, sent: int, wait_s: float = 10.0
+) -> proxymetrics.Counts | None:
+    """The proxy's counts for this run. It analyses off the response path, so the last requests' results
+    arrive a little after their responses: poll until it has a match result for every request we sent."""
+    deadline = time.monotonic() + wait_s
+    delta = None
+    while True:
+        after = proxymetrics.scrape(url)
+        if after is not None:
+            delta = proxymetrics.diff(before, after)
+            analysed = sum(delta.get("islwatch_isl_match_total", {}).values())
+            dropped = sum(delta.get("islwatch_analysis_dropped_total", {}).values())
+            if analysed + dropped >= sent:
+                return delta
+        if time.monotonic() > deadline:
+            return delta
+        time.sleep(0.1)
+
+
 def run_config(
     cfg: LoadgenConfig, prepared: Prepared, console: Console
 ) -> tuple[list[Record], LoadgenReport]:
@@ -136,11 +156,9 @@ def run_config(
         task = progress.add_task("requests", total=total)
         records = send_all(cfg, prepared, lambda n: progress.update(task, completed=n))
     proxy = None
-    if cfg.proxy_metrics_url:
-        time.sleep(0.5)  # the proxy analyses off the response path; give the last requests a moment
-        after = proxymetrics.scrape(cfg.proxy_metrics_url)
-        if before is not None and after is not None:
-            proxy = proxymetrics.diff(before, after)
+    if cfg.proxy_metrics_url and before is not None:
+        sent = sum(1 for r in records if r.status is not None)
+        proxy = settled_proxy_counts(cfg.proxy_metrics_url, before, sent)
     report = build_report(
         records,
         run_id=cfg.run_id,
