@@ -40,7 +40,8 @@ def _pct_row(name: str, p: Percentiles | None, digits: int = 2) -> list[str]:
 def print_report(console: Console, r: LoadgenReport) -> None:
     isl = r.isl
     t = Table(title=f"ISL: target vs achieved (run {r.run_id})")
-    for col in ("", "mean", "exact", "exact rate", "p50 err", "p90 err", "p99 err", "max err"):
+    t.add_column("", no_wrap=True)
+    for col in ("mean", "exact", "rate", "p50 err", "p90 err", "p99 err", "max err"):
         t.add_column(col, justify="right")
     t.add_row("target (budget)", _f(isl.target_mean), "", "", "", "", "", "")
     for name, mean, exact, rate, err, n in (
@@ -72,6 +73,13 @@ def print_report(console: Console, r: LoadgenReport) -> None:
             _f(e.p99 if e else None, 0),
             _f(e.max if e else None, 0),
         )
+    if r.proxy is not None:
+        match = r.proxy.get("islwatch_isl_match_total", {})
+        total = int(sum(match.values()))
+        exact = int(match.get("exact", 0))
+        others = ", ".join(f"{k} {v:g}" for k, v in sorted(match.items()) if k != "exact")
+        rate = _pct(exact / total if total else None)
+        t.add_row("proxy's own match", "", f"{exact}/{total}", rate, others, "", "", "")
     console.print(t)
     if isl.budget_errors:
         console.print(
