@@ -1,0 +1,216 @@
+"""Wiring: the traffic app (every path -> `handler.handle`) and the admin app (/metrics, /healthz, /readyz,
+POST /reload), the long-lived resources they share, and `run_proxy`, which runs both in-process.
+
+The upstream `ClientSession` and the analysis pool are owned by `cleanup_ctx` generators (created on
+start-up, closed on shutdown); shared state sits behind typed `web.AppKey`s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import NamedTuple
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from .analysis import AnalysisPool
+from .config import ProxyConfig
+from .handler import CONTEXT, SESSION, ProxyContext, handle
+from .metrics import Metrics, build_metrics
+from .records import DEFAULT_KEY, ProblemLog
+from .worker import AnalysisSpec
+
+log = logging.getLogger("islwatch.proxy")
+
+POOL = web.AppKey("pool", AnalysisPool)
+METRICS = web.AppKey("metrics", Metrics)
+# Serialises reloads (SIGHUP and POST /reload may race).
+RELOAD_LOCK = web.AppKey("reload_lock", asyncio.Lock)
+
+
+def analysis_spec(config: ProxyConfig) -> AnalysisSpec:
+    tokenizers = [(model, spec) for model, spec in config.model_tokenizers.items()]
+    if config.default_tokenizer is not None:
+        tokenizers.insert(0, (DEFAULT_KEY, config.default_tokenizer))
+    return AnalysisSpec(
+        tokenizers=tuple(tokenizers),
+        chat_template=config.chat_template,
+        trust_remote_code=config.trust_remote_code,
+        dump_dir=config.dump_mismatches,
+        dump_max=config.dump_max,
+    )
+
+
+def build_apps(
+    config: ProxyConfig, registry: CollectorRegistry | None = None
+) -> tuple[web.Application, web.Application]:
+    """The traffic app and the admin app. Pass a fresh `registry` per proxy in tests."""
+    registry = registry if registry is not None else CollectorRegistry()
+    metrics = build_metrics(registry)
+    pool = AnalysisPool(
+        analysis_spec(config),
+        metrics,
+        mode=config.analysis_mode,
+        workers=config.analysis_workers,
+        queue_max=config.analysis_queue,
+    )
+    context = ProxyContext(
+        upstream=config.upstream,
+        metrics=metrics,
+        pool=pool,
+        models=frozenset(config.model_tokenizers),
+        has_default_tokenizer=config.default_tokenizer is not None,
+        max_body_bytes=config.max_body_bytes,
+        inject_stream_usage=config.inject_stream_usage,
+        thread_mode=config.analysis_mode == "thread",
+        problems=ProblemLog(log),
+    )
+    timeout = aiohttp.ClientTimeout(
+        total=None,
+        sock_connect=min(10.0, config.upstream_timeout_seconds),
+        sock_read=config.upstream_timeout_seconds,  # per read: long streams are fine, a stalled one is not
+    )
+
+    async def upstream_session(app: web.Application) -> AsyncIterator[None]:
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            timeout=timeout,
+            auto_decompress=False,  # relay compressed bytes as they are
+            cookie_jar=aiohttp.DummyCookieJar(),  # never carry one client's cookies to another's request
+            trust_env=False,  # the upstream is the configured URL, not whatever HTTP_PROXY says
+        )
+        app[SESSION] = session
+        yield
+        await session.close()
+
+    async def analysis_pool(app: web.Application) -> AsyncIterator[None]:
+        # Loading tokenizers takes seconds; traffic flows meanwhile and /readyz says when analysis is ready.
+        loading = asyncio.get_running_loop().create_task(_start_pool(pool))
+        yield
+        loading.cancel()
+        await pool.close()
+
+    traffic = web.Application(client_max_size=config.max_body_bytes)
+    traffic[CONTEXT] = context
+    traffic.cleanup_ctx.append(upstream_session)
+    traffic.cleanup_ctx.append(analysis_pool)
+    traffic.router.add_route("*", "/{tail:.*}", handle)
+
+    admin = web.Application()
+    admin[POOL] = pool
+    admin[METRICS] = metrics
+    admin[RELOAD_LOCK] = asyncio.Lock()
+    admin.router.add_get("/metrics", metrics_view)
+    admin.router.add_get("/healthz", healthz)
+    admin.router.add_get("/readyz", readyz)
+    admin.router.add_post("/reload", reload_view)
+    return traffic, admin
+
+
+async def _start_pool(pool: AnalysisPool) -> None:
+    try:
+        await pool.start()
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the proxy keeps relaying without analysis; /readyz stays 503
+        log.error("analysis pool failed to start: %s: %s", type(exc).__name__, exc)
+
+
+async def metrics_view(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    pool = request.app[POOL]
+    models = {r.label: ("error: " + r.error if r.error else "loaded") for r in pool.reports}
+    if pool.ready:
+        return web.json_response({"status": "ready", "tokenizers": models})
+    return web.json_response(
+        {"status": "loading" if not models else "error", "tokenizers": models}, status=503
+    )
+
+
+async def reload_tokenizers(admin: web.Application) -> tuple[bool, dict[str, str]]:
+    """Load every tokenizer again from disk (SIGHUP, POST /reload); the old ones serve until it succeeds."""
+    async with admin[RELOAD_LOCK]:
+        pool = admin[POOL]
+        log.info("reloading tokenizers")
+        reports = await pool.reload()
+    result = {r.label: ("error: " + r.error if r.error else "loaded") for r in reports}
+    return all(not r.error for r in reports), result
+
+
+async def reload_view(request: web.Request) -> web.Response:
+    ok, result = await reload_tokenizers(request.app)
+    return web.json_response(
+        {"status": "reloaded" if ok else "failed", "tokenizers": result}, status=200 if ok else 500
+    )
+
+
+class ProxyURLs(NamedTuple):
+    url: str  # traffic, e.g. http://127.0.0.1:40123
+    admin_url: str
+    admin_app: web.Application
+
+
+async def start_runners(
+    config: ProxyConfig, registry: CollectorRegistry | None = None
+) -> tuple[web.AppRunner, web.AppRunner, web.Application, int, int]:
+    traffic, admin = build_apps(config, registry)
+    # handler_cancellation: a client that disconnects cancels its handler at once, which cancels the
+    # upstream request (and the generation behind it) instead of waiting for the next chunk to fail.
+    runners = [web.AppRunner(traffic, handler_cancellation=True, access_log=None),
+               web.AppRunner(admin, access_log=None)]  # fmt: skip
+    ports = []
+    try:
+        for runner, (host, port) in zip(runners, (config.listen_address, config.admin_address), strict=True):
+            await runner.setup()
+            site = web.TCPSite(runner, host, port, reuse_address=True)
+            await site.start()
+            ports.append(int(runner.addresses[-1][1]))
+    except BaseException:
+        for runner in runners:
+            await runner.cleanup()
+        raise
+    return runners[0], runners[1], admin, ports[0], ports[1]
+
+
+@asynccontextmanager
+async def run_proxy(
+    config: ProxyConfig,
+    registry: CollectorRegistry | None = None,
+    wait_ready: bool = True,
+    timeout: float = 120.0,
+) -> AsyncIterator[ProxyURLs]:
+    """Run the proxy in this event loop: `async with run_proxy(cfg) as (url, admin_url, _): ...`.
+
+    Use port 0 in `listen`/`admin` to get free ports. With `wait_ready`, returns once the tokenizers are
+    loaded (so every request in the block is analysed).
+    """
+    traffic_runner, admin_runner, admin, port, admin_port = await start_runners(config, registry)
+    host = config.listen_address[0]
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    admin_host = config.admin_address[0]
+    admin_host = "127.0.0.1" if admin_host in ("0.0.0.0", "") else admin_host
+    try:
+        if wait_ready:
+            pool = admin[POOL]
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while not pool.ready and not pool.reports and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+            if not pool.ready:
+                raise RuntimeError(f"proxy analysis not ready: {pool.reports}")
+        yield ProxyURLs(f"http://{host}:{port}", f"http://{admin_host}:{admin_port}", admin)
+    finally:
+        await traffic_runner.cleanup()
+        await admin_runner.cleanup()

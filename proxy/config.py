@@ -1,0 +1,178 @@
+"""Proxy configuration: one pydantic model fed by a YAML file, `ISLWATCH_*` environment variables and flags.
+
+Precedence, lowest first: defaults, the YAML file (`--config` or `ISLWATCH_CONFIG`), the environment, flags.
+YAML keys are the flag names with `_` for `-`; environment variables are `ISLWATCH_<KEY>` upper-cased.
+Every error names the key and where its value came from, and `islwatch proxy` exits 2 on one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from yarl import URL
+
+from .tokenizer import DEFAULT_TOKENIZER
+
+ENV_PREFIX = "ISLWATCH_"
+# A value for `tokenizer` that means: no default tokenizer, analyse only the models of `model_tokenizers`.
+NO_TOKENIZER = "none"
+
+
+class ConfigError(Exception):
+    """Invalid configuration; the message is meant for the operator, one problem per line."""
+
+
+def _host_port(value: str, key: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{key} must be HOST:PORT (port 0-65535), got {value!r}")
+    return (host.strip("[]") or "0.0.0.0"), int(port)
+
+
+class ProxyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    upstream: str = Field(description="base URL of the one OpenAI-compatible server all traffic goes to")
+    listen: str = "0.0.0.0:9000"
+    admin: str = "127.0.0.1:9100"
+    tokenizer: str = DEFAULT_TOKENIZER
+    model_tokenizers: dict[str, str] = Field(default_factory=dict)
+    chat_template: str | None = None
+    trust_remote_code: bool = False
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    analysis_workers: int = Field(default=1, ge=1, le=64)
+    analysis_queue: int = Field(default=256, ge=1)
+    analysis_mode: Literal["process", "thread"] = "process"
+    inject_stream_usage: bool = False
+    dump_mismatches: str | None = None
+    dump_max: int = Field(default=100, ge=1)
+    upstream_timeout_seconds: float = Field(default=600.0, gt=0)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream_url(cls, value: str) -> str:
+        url = URL(value)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"upstream must be an http(s) URL with a host, got {value!r}")
+        if url.query_string or url.fragment:
+            raise ValueError("upstream must not carry a query or fragment")
+        return value.rstrip("/")
+
+    @field_validator("listen", "admin")
+    @classmethod
+    def _address(cls, value: str, info: Any) -> str:
+        _host_port(value, info.field_name)
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("model_tokenizers")
+    @classmethod
+    def _models(cls, value: dict[str, str]) -> dict[str, str]:
+        for model, spec in value.items():
+            if not model or not spec:
+                raise ValueError("model_tokenizers entries need a model name and a tokenizer spec")
+        return value
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return _host_port(self.listen, "listen")
+
+    @property
+    def admin_address(self) -> tuple[str, int]:
+        return _host_port(self.admin, "admin")
+
+    @property
+    def default_tokenizer(self) -> str | None:
+        return None if self.tokenizer.lower() == NO_TOKENIZER else self.tokenizer
+
+
+FIELDS = tuple(ProxyConfig.model_fields)
+
+
+def parse_model_tokenizers(items: list[str] | str) -> dict[str, str]:
+    """`MODEL=SPEC[@REV]` items (flags), or one comma-separated string (the environment variable)."""
+    if isinstance(items, str):
+        items = [i for i in (s.strip() for s in items.split(",")) if i]
+    out: dict[str, str] = {}
+    for item in items:
+        model, sep, spec = item.partition("=")
+        if not sep or not model.strip() or not spec.strip():
+            raise ConfigError(f"model_tokenizers: expected MODEL=TOKENIZER[@REVISION], got {item!r}")
+        out[model.strip()] = spec.strip()
+    return out
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of keys, got {type(data).__name__}")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in FIELDS:
+        name = ENV_PREFIX + key.upper()
+        if name in env:
+            value: Any = env[name]
+            if key == "model_tokenizers":
+                value = parse_model_tokenizers(value)
+            elif key in ("dump_mismatches", "chat_template") and value == "":
+                value = None
+            out[key] = value
+    return out
+
+
+def load_config(
+    flags: Mapping[str, Any] | None = None,
+    config_file: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ProxyConfig:
+    """Merge the three sources (flags given as `None` are unset) and validate. Raises ConfigError."""
+    env = os.environ if env is None else env
+    config_file = config_file or env.get(ENV_PREFIX + "CONFIG") or None
+    sources: list[tuple[str, dict[str, Any]]] = []
+    if config_file:
+        sources.append((f"config file {config_file}", _read_yaml(config_file)))
+    sources.append(("environment", _from_env(env)))
+    sources.append(("flags", {k: v for k, v in (flags or {}).items() if v is not None}))
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for where, values in sources:
+        for key, value in values.items():
+            merged[key] = value
+            origin[key] = where
+    try:
+        return ProxyConfig(**merged)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "config"
+            top = str(err["loc"][0]) if err["loc"] else ""
+            where = origin.get(top, "defaults")
+            if err["type"] == "missing":
+                lines.append(
+                    f"{key}: required (flag --{key.replace('_', '-')}, env {ENV_PREFIX}{key.upper()})"
+                )
+            elif err["type"] == "extra_forbidden":
+                lines.append(f"{key}: unknown key (from {where}); known keys: {', '.join(FIELDS)}")
+            else:
+                lines.append(f"{key}: {err['msg']} (from {where})")
+        raise ConfigError("invalid proxy configuration:\n  " + "\n  ".join(lines)) from exc

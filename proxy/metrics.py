@@ -1,0 +1,162 @@
+"""Every islwatch metric, built by one function against an injected registry (a fresh one per test).
+
+Names follow https://prometheus.io/docs/practices/naming/ (`_total` counters, base units, `_seconds`).
+Label values are bounded: models are configured names or "default"/"other"/"none", endpoints one of five,
+reasons and causes fixed sets. Ops dashboards and alerts are built on these names: do not rename.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import metadata
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+# 1-2-5 steps from 1 to 1M tokens.
+ISL_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5) if m * 10**e <= 1_000_000)
+# server − expected: one bucket per token from −10 to +10 (the signatures of BOS, headers, system
+# prompts live there), wider beyond.
+DRIFT_BUCKETS = (
+    -1000.0, -100.0, -50.0, -20.0,
+    *(float(i) for i in range(-10, 11)),
+    20.0, 50.0, 100.0, 1000.0,
+)  # fmt: skip
+ANALYSIS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+MATCH_RESULTS = ("exact", "mismatch", "no_server_count", "no_template")
+BAD_REQUEST_REASONS = (
+    "invalid_json",
+    "not_a_request",
+    "body_too_large",
+    "non_utf8",
+    "wrong_content_type",
+    "unknown_model",
+)
+UPSTREAM_ERROR_KINDS = ("connect", "timeout", "reset", "status_5xx")
+
+
+def _package_version() -> str:
+    try:
+        return metadata.version("islwatch")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class Metrics:
+    requests: Counter
+    isl_tokens: Histogram
+    drift_tokens: Histogram
+    match: Counter
+    drift: Counter
+    duplicate_bos_risk: Counter
+    analysis_seconds: Histogram
+    analysis_dropped: Counter
+    analysis_queue_depth: Gauge
+    fallback: Counter
+    upstream_errors: Counter
+    bad_requests: Counter
+    tokenizer_info: Gauge
+    tokenizer_changes: Counter
+    parity_ok: Gauge
+    build_info: Gauge
+    registry: CollectorRegistry
+
+
+def build_metrics(registry: CollectorRegistry, process_metrics: bool = True) -> Metrics:
+    r = registry
+    metrics = Metrics(
+        requests=Counter(
+            "islwatch_requests", "Requests relayed", ["model", "endpoint", "status_class"], registry=r
+        ),
+        isl_tokens=Histogram(
+            "islwatch_isl_tokens",
+            "Input sequence length per request: bare text, chat-templated, and as counted by the server",
+            ["model", "endpoint", "kind"],
+            buckets=ISL_BUCKETS,
+            registry=r,
+        ),
+        drift_tokens=Histogram(
+            "islwatch_isl_drift_tokens",
+            "Server prompt tokens minus islwatch's expected count (templated for chat)",
+            ["model", "endpoint"],
+            buckets=DRIFT_BUCKETS,
+            registry=r,
+        ),
+        match=Counter(
+            "islwatch_isl_match",
+            "Analysed requests by whether the server count equals islwatch's expected count",
+            ["model", "endpoint", "result"],
+            registry=r,
+        ),
+        drift=Counter(
+            "islwatch_drift", "Analysed requests by drift cause", ["model", "endpoint", "cause"], registry=r
+        ),
+        duplicate_bos_risk=Counter(
+            "islwatch_duplicate_bos_risk",
+            "Completions prompts that already start with the BOS token's text",
+            ["model", "endpoint"],
+            registry=r,
+        ),
+        analysis_seconds=Histogram(
+            "islwatch_analysis_seconds",
+            "Worker time to analyse one request",
+            buckets=ANALYSIS_BUCKETS,
+            registry=r,
+        ),
+        analysis_dropped=Counter(
+            "islwatch_analysis_dropped", "Analyses dropped because the analysis queue was full", registry=r
+        ),
+        analysis_queue_depth=Gauge(
+            "islwatch_analysis_queue_depth", "Analyses submitted and not yet finished", registry=r
+        ),
+        fallback=Counter(
+            "islwatch_fallback",
+            "Requests counted without the chat template (no template, template error, ...)",
+            ["model", "reason"],
+            registry=r,
+        ),
+        upstream_errors=Counter(
+            "islwatch_upstream_errors", "Upstream failures by kind", ["kind"], registry=r
+        ),
+        bad_requests=Counter(
+            "islwatch_bad_requests", "Requests islwatch could not analyse, by reason", ["reason"], registry=r
+        ),
+        tokenizer_info=Gauge(
+            "islwatch_tokenizer_info",
+            "Loaded tokenizer identity (value 1)",
+            ["model", "tokenizer", "revision", "template_sha256", "tokenizer_sha256", "transformers_version"],
+            registry=r,
+        ),
+        tokenizer_changes=Counter(
+            "islwatch_tokenizer_changes",
+            "Reloads that changed a model's tokenizer or template identity",
+            ["model"],
+            registry=r,
+        ),
+        parity_ok=Gauge(
+            "islwatch_parity_ok",
+            "Startup serialization self-check passed (1) or failed (0)",
+            ["model"],
+            registry=r,
+        ),
+        build_info=Gauge("islwatch_build_info", "islwatch version (value 1)", ["version"], registry=r),
+        registry=r,
+    )
+    metrics.build_info.labels(version=_package_version()).set(1)
+    # Pre-create the unlabelled-by-request series so dashboards see zeros, not gaps.
+    for reason in BAD_REQUEST_REASONS:
+        metrics.bad_requests.labels(reason=reason)
+    for kind in UPSTREAM_ERROR_KINDS:
+        metrics.upstream_errors.labels(kind=kind)
+    if process_metrics:
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+    return metrics
+
+
+def status_class(status: int | None) -> str:
+    """`2xx`...`5xx`, or `error` when no upstream response reached the client (the proxy's own 502/504)."""
+    return f"{status // 100}xx" if status is not None and 100 <= status < 600 else "error"

@@ -1,0 +1,104 @@
+"""What crosses from the request path to the analysis workers and back: small frozen, picklable records.
+
+Also the two small policies both sides share: which label and tokenizer a model name maps to, and the
+one-line problem log (no prompt text, ever; repeated problems are summarised instead of flooding).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+# Model label values besides configured model names (bounded cardinality).
+DEFAULT_LABEL = "default"  # no --model-tokenizer map: every model is the one served model
+OTHER_LABEL = "other"  # a model name the map does not know: many names collapse into this one value
+NONE_LABEL = "none"  # a request islwatch does not analyse (other paths, unreadable bodies)
+DEFAULT_KEY = ""  # tokenizer key of the default tokenizer (config forbids empty model names)
+OTHER_ENDPOINT = "other"
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    label: str
+    tokenizer_key: str | None  # None: no tokenizer for this model, count nothing
+    unknown: bool  # a name the --model-tokenizer map does not know
+
+
+def route_model(model: Any, models: frozenset[str], has_default: bool) -> ModelRoute:
+    """Label and tokenizer for the request's `model` (see docs/proxy.md, "Models and labels")."""
+    if isinstance(model, str) and model in models:
+        return ModelRoute(model, model, False)
+    default_key = DEFAULT_KEY if has_default else None
+    if not models:
+        return ModelRoute(DEFAULT_LABEL, default_key, False)
+    return ModelRoute(OTHER_LABEL, default_key, True)
+
+
+@dataclass(frozen=True)
+class AnalysisJob:
+    """One relayed request to analyse. Raw bytes travel to worker processes (cheaper than pickling a
+    parsed body); in thread mode the body the handler already parsed rides along in `parsed`."""
+
+    endpoint: str
+    model_label: str
+    tokenizer_key: str
+    body: bytes
+    parsed: Any = None
+    server_tokens: int | None = None  # from the SSE parser on the response path
+    response_json: bytes | None = None  # a JSON response (or its tail) for the worker to read usage from
+
+
+@dataclass(frozen=True)
+class AnalysisOutcome:
+    """Everything the main process needs to update the metrics for one analysed request."""
+
+    endpoint: str
+    model_label: str
+    seconds: float
+    bare: int | None = None
+    templated: int | None = None
+    expected: int | None = None
+    server: int | None = None
+    match: str | None = None  # exact | mismatch | no_server_count | no_template; None: not counted
+    cause: str | None = None  # drift cause, when a server count is known
+    fallback_reason: str | None = None
+    bad_reason: str | None = None  # e.g. not_a_request
+    detail: str | None = None  # content-free
+    duplicate_bos_risk: bool = False
+    error: str | None = None  # the worker could not analyse (no tokenizer loaded, internal error)
+
+
+@dataclass(frozen=True)
+class TokenizerReport:
+    """Result of loading one tokenizer in a worker: identity for the info metric, the parity self-check."""
+
+    key: str
+    label: str
+    identity: dict[str, Any] | None
+    parity_ok: bool | None  # None: not run (parity module absent)
+    parity_summary: str
+    error: str | None = None
+
+
+class ProblemLog:
+    """One log line per problem, without content; at most one line per reason per `interval` seconds,
+    the next line saying how many were not logged, so a flood of bad requests cannot flood the log."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 10.0) -> None:
+        self._log = logger
+        self._interval = interval
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def __call__(self, reason: str, message: str, *args: Any, level: int = logging.WARNING) -> None:
+        now = time.monotonic()
+        last = self._last.get(reason)
+        if last is not None and now - last < self._interval:
+            self._suppressed[reason] = self._suppressed.get(reason, 0) + 1
+            return
+        self._last[reason] = now
+        skipped = self._suppressed.pop(reason, 0)
+        suffix = f" ({skipped} more since the last such line)" if skipped else ""
+        self._log.log(level, f"{reason}: {message}{suffix}", *args)

@@ -1,0 +1,111 @@
+"""`islwatch proxy`: parse flags, merge them with ISLWATCH_* variables and a YAML file, run until signalled.
+
+SIGHUP reloads the tokenizers (as POST /reload does); SIGTERM and SIGINT stop the proxy gracefully.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from typing import Any
+
+from .app import reload_tokenizers, start_runners
+from .config import ConfigError, ProxyConfig, load_config, parse_model_tokenizers
+
+log = logging.getLogger("islwatch.proxy")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    # Every default is None so that an unset flag does not override the YAML file or the environment;
+    # the real defaults live in ProxyConfig (docs/proxy.md lists them).
+    a = parser.add_argument
+    a("--config", help="YAML file with any of the keys below (ISLWATCH_CONFIG)")
+    a("--upstream", help="base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8000 (required)")
+    a("--listen", help="HOST:PORT for traffic (default 0.0.0.0:9000)")
+    a("--admin", help="HOST:PORT for /metrics, /healthz, /readyz, POST /reload (default 127.0.0.1:9100)")
+    a("--tokenizer", help="default tokenizer: PATH_OR_ID[@REVISION], builtin:NAME, or 'none' "
+      "(default builtin:mistral-v0.1)")  # fmt: skip
+    a("--model-tokenizer", action="append", metavar="MODEL=PATH_OR_ID[@REVISION]",
+      help="tokenizer for one served model name (repeatable)")  # fmt: skip
+    a("--chat-template", metavar="FILE", help="chat template file overriding the tokenizer's (as the server's)")
+    a("--trust-remote-code", action="store_true", default=None, help="allow tokenizer code from the folder")
+    a("--max-body-bytes", type=int, help="larger request bodies are relayed but not analysed (default 8 MiB)")
+    a("--analysis-workers", type=int, help="analysis workers (default 1)")
+    a("--analysis-queue", type=int, help="analyses in flight before new ones are dropped (default 256)")
+    a("--analysis-mode", choices=["process", "thread"], help="workers are processes (default) or threads")
+    a("--inject-stream-usage", action="store_true", default=None,
+      help="ask streaming requests' upstream for usage and hide it from the client")  # fmt: skip
+    a("--dump-mismatches", metavar="DIR", help="write mismatching requests (with prompts!) to DIR (0600 files)")
+    a("--dump-max", type=int, help="keep at most N dump files, oldest deleted first (default 100)")
+    a("--upstream-timeout-seconds", type=float, help="max wait for the upstream's next bytes (default 600)")
+
+
+def config_from_args(args: argparse.Namespace) -> ProxyConfig:
+    flags: dict[str, Any] = {
+        key: getattr(args, key, None)
+        for key in (
+            "upstream", "listen", "admin", "tokenizer", "chat_template", "trust_remote_code", "max_body_bytes",
+            "analysis_workers", "analysis_queue", "analysis_mode", "inject_stream_usage", "dump_mismatches",
+            "dump_max", "upstream_timeout_seconds",
+        )
+    }  # fmt: skip
+    if getattr(args, "model_tokenizer", None):
+        flags["model_tokenizers"] = parse_model_tokenizers(args.model_tokenizer)
+    # `--log-level` belongs to the top-level `islwatch` parser (default INFO): a flag only when changed.
+    level = getattr(args, "log_level", None)
+    if level and level.upper() != "INFO":
+        flags["log_level"] = level
+    return load_config(flags, getattr(args, "config", None))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"islwatch proxy: {exc}", file=sys.stderr)
+        return 2
+    logging.getLogger().setLevel(config.log_level)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # optional: the stock loop works, a little slower
+        pass
+    try:
+        asyncio.run(serve(config))
+    except OSError as exc:  # e.g. the port is taken
+        print(f"islwatch proxy: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def serve(config: ProxyConfig) -> None:
+    traffic, admin_runner, admin, port, admin_port = await start_runners(config)
+    log.info(
+        "relaying %s:%d -> %s; admin on %s:%d", config.listen_address[0], port, config.upstream,
+        config.admin_address[0], admin_port,
+    )  # fmt: skip
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    reloads: set[asyncio.Task[Any]] = set()
+
+    def on_hup() -> None:
+        task = loop.create_task(reload_tokenizers(admin))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    for sig, callback in ((signal.SIGHUP, on_hup), (signal.SIGTERM, stop.set), (signal.SIGINT, stop.set)):
+        with contextlib.suppress(NotImplementedError, AttributeError):  # no POSIX signals (Windows)
+            loop.add_signal_handler(sig, callback)
+    try:
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        for task in reloads:
+            task.cancel()
+        await traffic.cleanup()
+        await admin_runner.cleanup()

@@ -1,0 +1,208 @@
+"""The analysis of one request, as run inside an analysis worker (a process, or a thread).
+
+`WorkerState.load(spec)` loads every tokenizer once (and builds its drift profile); `state.analyze(job)`
+turns one `AnalysisJob` into an `AnalysisOutcome`: count the request, read the server's count, compare,
+name the drift cause, optionally dump a mismatch. No aiohttp and no prometheus_client here: metrics are
+updated by the main process from the outcome, because Prometheus counters live in one process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from .count import INVALID_BODY, NO_TEMPLATE, CountResult, count_request
+from .records import DEFAULT_KEY, DEFAULT_LABEL, AnalysisJob, AnalysisOutcome, TokenizerReport
+from .tokenizer import LoadedTokenizer, TokenizerLoadError, load_tokenizer
+from .usage import usage_from_json_bytes
+
+log = logging.getLogger("islwatch.analysis")
+
+# Fallback reasons that mean "counted without the template" (exported in islwatch_fallback_total).
+_FALLBACKS_COUNTED = ("no_template", "template_error", "tokenizer_error")
+
+
+@dataclass(frozen=True)
+class AnalysisSpec:
+    """What a worker needs to load its state; picklable, so it can be sent to a spawned process."""
+
+    tokenizers: tuple[tuple[str, str], ...]  # (key, spec); key DEFAULT_KEY is the default tokenizer
+    chat_template: str | None = None
+    trust_remote_code: bool = False
+    dump_dir: str | None = None
+    dump_max: int = 100
+
+
+def _optional(module: str) -> Any:
+    """Modules built alongside the proxy (diagnosis, parity, dumps, fast counting): absent means "not run"."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"proxy.{module}")
+    except ImportError:
+        return None
+
+
+@dataclass(frozen=True)
+class _Entry:
+    loaded: LoadedTokenizer
+    count: Callable[[str, Any], CountResult]
+    profile: Any  # proxy.diagnose.DriftProfile, or None when diagnosis is unavailable
+
+
+def _counter(tok: Any) -> Callable[[str, Any], CountResult]:
+    fast = _optional("fastcount")
+    if fast is not None:
+        try:
+            return fast.FastCounter(tok).count  # exact by construction, checked on this tokenizer at load
+        except Exception as exc:  # a faster path is optional; the plain core is always right
+            log.warning("fast counter unavailable (%s); using the plain counting core", type(exc).__name__)
+    return lambda endpoint, body: count_request(tok, endpoint, body)
+
+
+def _label(key: str) -> str:
+    return DEFAULT_LABEL if key == DEFAULT_KEY else key
+
+
+class WorkerState:
+    def __init__(self, spec: AnalysisSpec) -> None:
+        self.spec = spec
+        self.entries: dict[str, _Entry] = {}
+        self.errors: dict[str, str] = {}
+        self._diagnose = _optional("diagnose")
+        self._dumper: Any = None
+        dump = _optional("dump") if spec.dump_dir else None
+        if dump is not None:
+            self._dumper = dump.MismatchDumper(spec.dump_dir, spec.dump_max)
+
+    @classmethod
+    def load(cls, spec: AnalysisSpec) -> WorkerState:
+        """Load every tokenizer; a failure is recorded per model (reported by `describe`), never raised."""
+        state = cls(spec)
+        for key, tok_spec in spec.tokenizers:
+            try:
+                loaded = load_tokenizer(tok_spec, None, spec.chat_template, spec.trust_remote_code)
+            except TokenizerLoadError as exc:
+                state.errors[key] = str(exc)
+                continue
+            profile = None
+            if state._diagnose is not None:
+                try:
+                    profile = state._diagnose.build_profile(loaded.tokenizer)
+                except Exception as exc:  # diagnosis is an extra; counting goes on without it
+                    log.warning("drift profile for %s failed: %s", _label(key), type(exc).__name__)
+            state.entries[key] = _Entry(loaded, _counter(loaded.tokenizer), profile)
+        return state
+
+    def describe(self) -> list[TokenizerReport]:
+        """Identities and the parity self-check, once per load (run by one worker)."""
+        parity = _optional("parity")
+        reports = []
+        for key, _ in self.spec.tokenizers:
+            if key in self.errors:
+                reports.append(TokenizerReport(key, _label(key), None, None, "", error=self.errors[key]))
+                continue
+            entry = self.entries[key]
+            if parity is None:
+                ok, summary = None, "parity self-check not available"
+            else:
+                check = parity.startup_self_check(entry.loaded.tokenizer)
+                ok, summary = bool(check.ok), str(check.summary)
+            reports.append(TokenizerReport(key, _label(key), entry.loaded.identity.as_dict(), ok, summary))
+        return reports
+
+    def analyze(self, job: AnalysisJob) -> AnalysisOutcome:
+        """Never raises: an internal error becomes an outcome with `error` set."""
+        start = time.perf_counter()
+        try:
+            fields = self._analyze(job)
+        except Exception as exc:  # the boundary that must never fail: counted by the caller
+            fields = {"error": f"internal error: {type(exc).__name__}"}
+        return AnalysisOutcome(
+            endpoint=job.endpoint,
+            model_label=job.model_label,
+            seconds=time.perf_counter() - start,
+            **fields,
+        )
+
+    def _analyze(self, job: AnalysisJob) -> dict[str, Any]:
+        entry = self.entries.get(job.tokenizer_key)
+        if entry is None:
+            return {"error": "tokenizer not loaded"}
+        body = job.parsed if job.parsed is not None else orjson.loads(job.body)
+        result = entry.count(job.endpoint, body)
+        if result.fallback_reason == INVALID_BODY:
+            return {"bad_reason": "not_a_request", "detail": result.detail}
+        server = job.server_tokens
+        if server is None and job.response_json is not None:
+            usage = usage_from_json_bytes(job.response_json)
+            server = usage.input_tokens if usage is not None else None
+        expected = result.expected_server
+        if result.fallback_reason == NO_TEMPLATE:
+            match = "no_template"
+        elif server is None or expected is None:
+            match = "no_server_count"
+        else:
+            match = "exact" if server == expected else "mismatch"
+        cause = self._cause(result, server, entry.profile) if server is not None else None
+        if match == "mismatch" and self._dumper is not None:
+            self._dumper.write(self._dump_record(job, body, result, server, cause, entry))
+        return {
+            "bare": result.bare,
+            "templated": result.templated,
+            "expected": expected,
+            "server": server,
+            "match": match,
+            "cause": cause,
+            "fallback_reason": result.fallback_reason
+            if result.fallback_reason in _FALLBACKS_COUNTED
+            else None,
+            "detail": result.detail,
+            "duplicate_bos_risk": result.bos_prefixed_prompt,
+        }
+
+    def _cause(self, result: CountResult, server: int, profile: Any) -> str:
+        if self._diagnose is not None and profile is not None:
+            return str(self._diagnose.classify(result, server, profile))
+        return "exact" if server == result.expected_server else "unknown"
+
+    @staticmethod
+    def _dump_record(
+        job: AnalysisJob, body: Any, result: CountResult, server: int | None, cause: str | None, entry: _Entry
+    ) -> dict[str, Any]:
+        return {
+            "model": job.model_label,
+            "endpoint": job.endpoint,
+            "server_prompt_tokens": server,
+            "cause": cause,
+            "count": result.as_dict(),
+            "tokenizer": entry.loaded.identity.as_dict(),
+            "request": body,
+        }
+
+
+# ---- process-mode entry points (module globals: one state per worker process) ----------------------------
+
+_STATE: WorkerState | None = None
+
+
+def init_process(spec: AnalysisSpec) -> None:
+    """ProcessPoolExecutor initializer: load the tokenizers once per worker process."""
+    global _STATE
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _STATE = WorkerState.load(spec)
+
+
+def describe_in_process() -> list[TokenizerReport]:
+    assert _STATE is not None, "init_process did not run"
+    return _STATE.describe()
+
+
+def analyze_in_process(job: AnalysisJob) -> AnalysisOutcome:
+    assert _STATE is not None, "init_process did not run"
+    return _STATE.analyze(job)
