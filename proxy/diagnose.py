@@ -23,7 +23,7 @@ Checks run in this order; the first that applies wins (see docs/parity.md for th
                           `add_special_tokens=True`, e.g. vLLM's `add_special_tokens` chat extension);
 6. `template_not_applied` chat only: the server saw fewer tokens than templated, and its count equals the
                           bare count or the bare count plus the plain special tokens (the server tokenized
-                          the texts without the template); with k messages a window of ±(k−1) tokens
+                          the texts without the template); with k messages a window of ±2(k−1) tokens
                           allows for the separators a template-less server joins texts with;
 7. `generation_prompt_mismatch` chat only: the difference is ± the generation prompt's length (the server
                           did not add the assistant header we expected, or added one we did not);
@@ -141,11 +141,13 @@ def _near_bare(server: int, bare: int, plain: int, messages: int) -> bool:
     """The server count is what the message texts cost without a template.
 
     One message: exactly bare, or bare plus the plain special tokens. A server without a template joins
-    several texts with a separator (vLLM and the emulator use "\\n"), which adds at most one token per join
-    or merges into a neighbour, so each extra message widens the window by one token on either side.
+    several texts with a separator (vLLM and the emulator use "\\n"): each join adds the separator token
+    and re-segments the word after it (SentencePiece: "▁Paris" becomes "Par" "is" after a newline), or
+    merges into a neighbour. Each extra message widens the window by two tokens on either side; a
+    template's own per-message overhead (role headers, end markers) is larger, so it stays outside.
     """
-    joins = max(messages - 1, 0)
-    return bare - joins <= server <= bare + plain + joins
+    slack = 2 * max(messages - 1, 0)
+    return bare - slack <= server <= bare + plain + slack
 
 
 def _classify(result: CountResult, server: int, profile: DriftProfile) -> str:

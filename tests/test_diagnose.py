@@ -81,9 +81,12 @@ def test_media_and_tools_explain_any_difference_but_not_an_exact_count() -> None
 
 def test_template_not_applied_window_grows_with_messages() -> None:
     three = chat_result(bare=30, templated=60, messages=3)
-    assert d.classify(three, 28, PROFILE) == d.TEMPLATE_NOT_APPLIED  # joins merged into neighbours
-    assert d.classify(three, 33, PROFILE) == d.TEMPLATE_NOT_APPLIED  # bare + BOS + two separators
-    assert d.classify(three, 34, PROFILE) == d.UNKNOWN
+    assert d.classify(three, 26, PROFILE) == d.TEMPLATE_NOT_APPLIED  # joins merged into neighbours
+    assert (
+        d.classify(three, 35, PROFILE) == d.TEMPLATE_NOT_APPLIED
+    )  # bare + BOS + two separators, re-segmented
+    assert d.classify(three, 25, PROFILE) == d.UNKNOWN
+    assert d.classify(three, 36, PROFILE) == d.UNKNOWN
 
 
 def test_bare_fallback_is_classified_against_the_bare_count() -> None:
