@@ -1,0 +1,115 @@
+"""Running `islwatch proxy` as a subprocess in front of a llama-server, and reading its /metrics.
+
+The proxy is started through its public CLI (the way operators run it), so these tests exercise the same
+wiring as production: config parsing, the analysis workers, the admin listener.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from interop.llama_server_proc import ServerFailed, free_port, log_tail
+
+# A guard against a hung start, not a timing assertion.
+START_DEADLINE_SECONDS = 60.0
+# The proxy analyses off the response path; a guard for the metric to appear, not a timing assertion.
+ANALYSIS_DEADLINE_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Proxy:
+    port: int
+    admin_port: int
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}/metrics"
+
+
+@contextmanager
+def running_proxy(
+    upstream: str, tokenizer: str, log_path: Path, wait_for_upstream: bool = True
+) -> Iterator[Proxy]:
+    proxy = Proxy(free_port(), free_port(), log_path)
+    cmd = [sys.executable, "-m", "proxy.cli", "proxy", "--upstream", upstream, "--tokenizer", tokenizer]
+    cmd += ["--listen", f"127.0.0.1:{proxy.port}", "--admin", f"127.0.0.1:{proxy.admin_port}"]
+    log = open(log_path, "wb")  # noqa: SIM115 - the child owns the handle for its lifetime
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        wait_ready(proc, proxy)
+        yield proxy
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def wait_ready(proc: subprocess.Popen[bytes], proxy: Proxy) -> None:
+    """Ready when /readyz says the analysis tokenizers are loaded (it does not look at the upstream)."""
+    deadline = time.monotonic() + START_DEADLINE_SECONDS
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerFailed(f"islwatch proxy exited with {proc.returncode}: {log_tail(proxy.log_path)}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{proxy.admin_port}/readyz", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):  # 503 while loading, or not up
+            pass
+        time.sleep(0.05)
+    raise ServerFailed(
+        f"islwatch proxy not ready after {START_DEADLINE_SECONDS}s: {log_tail(proxy.log_path)}"
+    )
+
+
+def scrape(proxy: Proxy) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of /metrics, keyed by (name, sorted labels)."""
+    with urllib.request.urlopen(proxy.metrics_url, timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def match_counts(proxy: Proxy, endpoint: str) -> dict[str, float]:
+    """islwatch_isl_match_total by result, for one endpoint (all models summed)."""
+    counts: dict[str, float] = {}
+    for (name, labels), value in scrape(proxy).items():
+        lab = dict(labels)
+        if name == "islwatch_isl_match_total" and lab.get("endpoint") == endpoint:
+            counts[lab["result"]] = counts.get(lab["result"], 0.0) + value
+    return counts
+
+
+def wait_for_analysis(proxy: Proxy, endpoint: str, before: dict[str, float], n: int) -> dict[str, float]:
+    """Poll until n more requests of the endpoint were analysed; returns the increase per result."""
+    deadline = time.monotonic() + ANALYSIS_DEADLINE_SECONDS
+    while True:
+        now = match_counts(proxy, endpoint)
+        delta = {k: now.get(k, 0.0) - before.get(k, 0.0) for k in now}
+        delta = {k: v for k, v in delta.items() if v}
+        if sum(delta.values()) >= n or time.monotonic() > deadline:
+            return delta
+        time.sleep(0.02)

@@ -1,0 +1,194 @@
+"""Phase 2: `islwatch proxy` (the real CLI, a subprocess) in front of a real llama-server.
+
+- Every shape of interop_shapes through the proxy with the openai client, streaming and not: /metrics counts
+  it `exact` (islwatch_isl_match_total{result="exact"}), or `mismatch` where docs/interop.md documents why.
+- The proxy passes llama-server's own behaviour through unchanged: error bodies, the 503 while the model
+  loads, the `timings` field, usage on the finish chunk of /v1/completions streams, `data: null` events.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from interop.interop_shapes import QWEN, SHAPES, Shape
+from interop.llama_server_proc import (
+    START_DEADLINE_SECONDS,
+    LlamaServer,
+    free_port,
+    launch,
+    stop,
+)
+from interop.proxy_proc import Proxy, match_counts, running_proxy, wait_for_analysis
+from interop.test_llama_server import create, request_body
+
+pytestmark = pytest.mark.llama_server
+
+
+@pytest.fixture(scope="session")
+def llama_proxy(
+    request: pytest.FixtureRequest, llama_server: LlamaServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Proxy]:
+    pytest.importorskip("proxy.serve", reason="`islwatch proxy` (proxy/serve.py) is not in this tree yet")
+    tokenizer = str(request.getfixturevalue("family_tokenizer").name_or_path)
+    log_path = tmp_path_factory.mktemp("islwatch-proxy") / f"{llama_server.family}.log"
+    with running_proxy(llama_server.base_url, tokenizer, log_path) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="session")
+def proxied_client(llama_proxy: Proxy) -> OpenAI:
+    return OpenAI(base_url=f"{llama_proxy.base_url}/v1", api_key="sk-none", max_retries=0)
+
+
+def expected_result(shape: Shape, family: str) -> str:
+    """Documented divergences mismatch in both modes. For a list of prompts (FIRST_PROMPT) the stream is
+    no exception: each prompt's usage rides on its own finish chunk and proxy/usage.py keeps the latest
+    (the last prompt's), never the sum (docs/interop.md#list-of-prompts-usage-is-the-first-prompts)."""
+    return "exact" if shape.diverges.get(family) is None else "mismatch"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
+def test_proxied_shape_is_counted(
+    proxied_client: OpenAI, llama_proxy: Proxy, family: str, shape: Shape
+) -> None:
+    before = match_counts(llama_proxy, shape.endpoint)
+    resp = create(proxied_client, shape)
+    assert resp.usage is not None
+    nonstream = wait_for_analysis(llama_proxy, shape.endpoint, before, 1)
+
+    before = match_counts(llama_proxy, shape.endpoint)
+    events = list(create(proxied_client, shape, stream=True, stream_options={"include_usage": True}))
+    assert any(e is not None and e.usage is not None for e in events)
+    streamed = wait_for_analysis(llama_proxy, shape.endpoint, before, 1)
+
+    want = expected_result(shape, family)
+    assert nonstream == {want: 1.0}, f"non-streaming {shape.name}: {nonstream}"
+    assert streamed == {want: 1.0}, f"streaming {shape.name}: {streamed}"
+
+
+# ---- llama-server's own behaviour, byte for byte -------------------------------------------------------
+
+VOLATILE = [
+    (re.compile(rb'"id":"[^"]*"'), b'"id":"-"'),
+    (re.compile(rb'"created":\d+'), b'"created":0'),
+    (re.compile(rb'"timings":\{[^{}]*\}'), b'"timings":{}'),  # per-request milliseconds
+]
+
+
+def normalized(body: bytes) -> bytes:
+    for pattern, repl in VOLATILE:
+        body = pattern.sub(repl, body)
+    return body
+
+
+def post(base_url: str, path: str, body: bytes) -> tuple[int, str, bytes]:
+    req = urllib.request.Request(
+        f"{base_url}{path}", data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.headers.get("Content-Type", ""), resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers.get("Content-Type", ""), err.read()
+
+
+ERROR_BODIES = {
+    "truncated_json": (b'{"model": "m", "messages": [', "/v1/chat/completions"),
+    "no_messages": (b'{"model": "m"}', "/v1/chat/completions"),
+    "bad_role_content": (b'{"messages": [{"role": "user"}]}', "/v1/chat/completions"),
+    "prompt_not_text": (b'{"prompt": {"a": 1}}', "/v1/completions"),
+}
+
+
+@pytest.mark.parametrize("case", list(ERROR_BODIES), ids=list(ERROR_BODIES))
+def test_error_bodies_pass_through(llama_server: LlamaServer, llama_proxy: Proxy, case: str) -> None:
+    body, path = ERROR_BODIES[case]
+    direct = post(llama_server.base_url, path, body)
+    proxied = post(llama_proxy.base_url, path, body)
+    assert direct[0] >= 400
+    assert proxied == direct
+
+
+def raw_body(shape: Shape, stream: bool) -> bytes:
+    body: dict[str, Any] = {**request_body(shape), "cache_prompt": False}  # same timings shape both ways
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    return json.dumps(body).encode()
+
+
+BYTE_SHAPES = [
+    s for s in SHAPES if s.name in {"single_turn", "tool_call_and_result", "prompt_string", "prompt_list"}
+]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("shape", BYTE_SHAPES, ids=[s.name for s in BYTE_SHAPES])
+def test_responses_pass_through_byte_for_byte(
+    llama_server: LlamaServer, llama_proxy: Proxy, shape: Shape, stream: bool
+) -> None:
+    """temperature 0 + seed: the text is deterministic, so direct and proxied bytes are equal once ids,
+    timestamps and per-request milliseconds are masked. Covers `timings`, usage on the completions
+    finish chunk, and the `data: null` event of a list of prompts."""
+    path = "/v1/chat/completions" if shape.endpoint == "chat" else "/v1/completions"
+    body = raw_body(shape, stream)
+    direct = post(llama_server.base_url, path, body)
+    proxied = post(llama_proxy.base_url, path, body)
+    assert direct[0] == proxied[0] == 200
+    assert proxied[1] == direct[1]
+    assert normalized(proxied[2]) == normalized(direct[2])
+    assert b'"timings":{' in proxied[2]
+    if stream and shape.endpoint == "completions":
+        finish = [e for e in proxied[2].split(b"\n\n") if b'"finish_reason":"' in e]
+        assert finish and all(b'"usage":{' in e for e in finish)
+        assert proxied[2].count(b"data: null\n\n") == (1 if shape.name == "prompt_list" else 0)
+
+
+def test_loading_503_passes_through(
+    llama_server_binary: str, llama_servers: dict[str, LlamaServer], tmp_path: Path
+) -> None:
+    """A fresh llama-server behind a fresh proxy: while the model loads, clients see the server's own 503
+    (one model is enough: the loading phase is the server's, not the model's)."""
+    pytest.importorskip("proxy.serve", reason="`islwatch proxy` (proxy/serve.py) is not in this tree yet")
+    port = free_port()
+    gguf = llama_servers[QWEN].gguf
+    # /health is not analysed; the offline built-in tokenizer keeps the proxy's start-up short.
+    with running_proxy(f"http://127.0.0.1:{port}", "builtin:mistral-v0.1", tmp_path / "proxy.log") as proxy:
+        proc = launch(llama_server_binary, gguf, port, tmp_path / "llama.log")
+        try:
+            seen = poll_health(proxy.base_url, proc)
+        finally:
+            stop(proc)
+    loading = [body for status, _, body in seen if status == 503]
+    assert loading, f"never saw the loading phase through the proxy: {[s for s, _, _ in seen]}"
+    assert loading[0] == b'{"error":{"message":"Loading model","type":"unavailable_error","code":503}}'
+    assert seen[-1][0] == 200
+
+
+def poll_health(base_url: str, proc: subprocess.Popen[bytes]) -> list[tuple[int, str, bytes]]:
+    """GET /health through the proxy until 200; the distinct (status, content type, body) answers seen."""
+    seen: list[tuple[int, str, bytes]] = []
+    deadline = time.monotonic() + START_DEADLINE_SECONDS
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{base_url}/health", timeout=5) as resp:
+                answer = (resp.status, resp.headers.get("Content-Type", ""), resp.read())
+        except urllib.error.HTTPError as err:
+            answer = (err.code, err.headers.get("Content-Type", ""), err.read())
+        except (urllib.error.URLError, ConnectionError):
+            answer = (0, "", b"")
+        if not seen or seen[-1] != answer:
+            seen.append(answer)
+        if answer[0] == 200:
+            break
+    return seen
