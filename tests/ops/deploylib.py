@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from opslib import REPO
-
 from proxy.config import FIELDS, ProxyConfig, load_config
 
 ADMIN_PATHS = ("/metrics", "/healthz", "/readyz")
@@ -24,10 +22,9 @@ def check_proxy_config(text: str, tmp_path: Path, env: dict[str, str] | None = N
     return load_config(flags={}, config_file=str(path), env=env or {})
 
 
-def admin_routes_in_source() -> set[str]:
-    """The admin paths the proxy's source registers (string literals of add_get/route calls)."""
-    found = set()
-    for source in (REPO / "proxy").glob("*.py"):
-        text = source.read_text()
-        found |= {p for p in ADMIN_PATHS if f'"{p}"' in text or f"'{p}'" in text}
-    return found
+def admin_routes(config: ProxyConfig) -> set[tuple[str, str]]:
+    """(method, path) of every route the proxy's admin app serves, from the real app (not started)."""
+    from proxy.app import build_apps
+
+    _, admin = build_apps(config)
+    return {(route.method, route.resource.canonical) for route in admin.router.routes() if route.resource}

@@ -58,6 +58,9 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "islwatch_build_info": frozenset({"version"}),
 }
 HISTOGRAMS = frozenset({"islwatch_isl_tokens", "islwatch_isl_drift_tokens", "islwatch_analysis_seconds"})
+# prometheus_client exports no `_sum` for a histogram with negative buckets (a sum that can go down is
+# not a counter), so the signed drift histogram has only `_bucket` and `_count`.
+NO_SUM = frozenset({"islwatch_isl_drift_tokens"})
 # Labels Prometheus attaches at scrape time (and `le` of histogram series).
 TARGET_LABELS = frozenset({"instance", "job", "le"})
 
@@ -69,8 +72,9 @@ def series_family(name: str) -> str | None:
     if name in METRIC_LABELS:
         return name
     for suffix in ("_bucket", "_sum", "_count"):
-        if name.endswith(suffix) and name.removesuffix(suffix) in HISTOGRAMS:
-            return name.removesuffix(suffix)
+        family = name.removesuffix(suffix)
+        if name.endswith(suffix) and family in HISTOGRAMS and not (suffix == "_sum" and family in NO_SUM):
+            return family
     return None
 
 
@@ -139,7 +143,9 @@ def promtool_parse(exprs: dict[str, str]) -> subprocess.CompletedProcess[str]:
     with tempfile.NamedTemporaryFile("w", suffix=".yml") as fh:
         yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}, fh)
         fh.flush()
-        return subprocess.run([promtool, "check", "rules", fh.name], capture_output=True, text=True, check=False)
+        return subprocess.run(
+            [promtool, "check", "rules", fh.name], capture_output=True, text=True, check=False
+        )
 
 
 def markdown_anchors(text: str) -> set[str]:

@@ -73,7 +73,9 @@ def test_islwatch_config_is_accepted(services: dict[str, Any], tmp_path: Path) -
     host_file = mounts(islwatch)[config_path]
     # The environment as compose passes it with nothing set by the operator (the CPU path).
     env = {
-        k: re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", v) for k, v in islwatch["environment"].items() if k.startswith("ISLWATCH_")
+        k: re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", v)
+        for k, v in islwatch["environment"].items()
+        if k.startswith("ISLWATCH_")
     }
     config = check_proxy_config(host_file.read_text(), tmp_path, env)
     assert config.upstream == "http://upstream:8000"
@@ -114,10 +116,14 @@ def test_grafana_is_provisioned(services: dict[str, Any]) -> None:
     grafana = services["grafana"]
     m = mounts(grafana)
     assert m["/etc/grafana/provisioning"] == REPO / "grafana" / "provisioning"
-    providers = yaml.safe_load((REPO / "grafana/provisioning/dashboards/islwatch.yml").read_text())["providers"]
+    providers = yaml.safe_load((REPO / "grafana/provisioning/dashboards/islwatch.yml").read_text())[
+        "providers"
+    ]
     dash_dir = providers[0]["options"]["path"]
     assert (m[dash_dir] / "islwatch.json").is_file()
-    source = yaml.safe_load((REPO / "grafana/provisioning/datasources/islwatch.yml").read_text())["datasources"][0]
+    source = yaml.safe_load((REPO / "grafana/provisioning/datasources/islwatch.yml").read_text())[
+        "datasources"
+    ][0]
     # The data source URL is the Prometheus service on its published port.
     assert source["url"] == "http://prometheus:9090" and 9090 in published(services["prometheus"])
     prom_interval = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())["global"]

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 import pytest
+import yaml
 from opslib import (
     DASHBOARD,
     INSTALL_HINT,
@@ -27,8 +28,6 @@ from opslib import (
     promtool_parse,
     series_family,
 )
-
-import yaml
 
 DS_VARIABLE_NAMES = {"datasource", "prometheus_datasource"}  # the linter accepts either when there is one
 DS_VARIABLE_LABELS = {"Data source", "Prometheus data source"}
@@ -84,7 +83,7 @@ def test_grafana_10_importable(dash: dict[str, Any]) -> None:
     cells: set[tuple[int, int]] = set()
     for p in panels(dash):
         pos = p["gridPos"]
-        assert 0 <= pos["x"] and pos["x"] + pos["w"] <= 24, p["title"]
+        assert pos["x"] >= 0 and pos["x"] + pos["w"] <= 24, p["title"]
         for x in range(pos["x"], pos["x"] + pos["w"]):
             for y in range(pos["y"], pos["y"] + pos["h"]):
                 assert (x, y) not in cells, f"panel {p['title']!r} overlaps another"
@@ -155,7 +154,9 @@ def test_target_counter_agg_rule(dash: dict[str, Any]) -> None:
     for q in dashboard_queries(dash):
         for m in counter_like.finditer(q.expr):
             before = q.expr[: m.start()]
-            assert before.endswith(tuple(f + "(" for f in COUNTER_FUNCS)), f"{q.panel}: {m.group(1)} not in rate()"
+            assert before.endswith(tuple(f + "(" for f in COUNTER_FUNCS)), (
+                f"{q.panel}: {m.group(1)} not in rate()"
+            )
 
 
 def test_targets_use_known_metrics_and_labels(dash: dict[str, Any]) -> None:
@@ -229,7 +230,12 @@ def test_issue_panels_present(dash: dict[str, Any], metric: str, kind: str) -> N
 
 
 def test_isl_panels_split_by_kind_and_model(dash: dict[str, Any]) -> None:
-    exprs = [t["expr"] for p in data_panels(dash) for t in p["targets"] if "islwatch_isl_tokens_bucket" in t["expr"]]
+    exprs = [
+        t["expr"]
+        for p in data_panels(dash)
+        for t in p["targets"]
+        if "islwatch_isl_tokens_bucket" in t["expr"]
+    ]
     assert any(re.search(r"by \(model, kind, le\)", e) for e in exprs)
 
 

@@ -153,7 +153,9 @@ def test_copied_paths_exist_and_are_not_ignored(source: str) -> None:
 
 
 def test_copies_every_package_pyproject_installs() -> None:
-    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"][
+        "include"
+    ]
     packages = {p.rstrip("*") for p in include}
     assert packages <= set(copy_sources())
     readme = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["readme"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from opslib import HISTOGRAMS, METRIC_LABELS
+from opslib import HISTOGRAMS, METRIC_LABELS, NO_SUM
 from prometheus_client import CollectorRegistry
 
 from proxy.metrics import build_metrics
@@ -14,8 +14,8 @@ def exported() -> dict[str, tuple[str, frozenset[str]]]:
     out = {}
     for family in metrics.registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
-        collector = metrics.registry._names_to_collectors[name]  # noqa: SLF001 - label names are not public
-        out[name] = (family.type, frozenset(collector._labelnames))  # noqa: SLF001
+        collector = metrics.registry._names_to_collectors[name]
+        out[name] = (family.type, frozenset(collector._labelnames))
     return out
 
 
@@ -29,3 +29,15 @@ def test_catalog_matches_proxy_metrics() -> None:
 def test_histograms_are_histograms() -> None:
     got = exported()
     assert {n for n, (kind, _) in got.items() if kind == "histogram"} == HISTOGRAMS
+
+
+def test_histograms_without_sum() -> None:
+    """The series each histogram really exposes, including the missing `_sum` of the signed drift one."""
+    metrics = build_metrics(CollectorRegistry(), process_metrics=False)
+    metrics.isl_tokens.labels(model="m", endpoint="chat", kind="bare").observe(3)
+    metrics.drift_tokens.labels(model="m", endpoint="chat").observe(-2)
+    metrics.analysis_seconds.observe(0.01)
+    names = {s.name for family in metrics.registry.collect() for s in family.samples}
+    for hist in HISTOGRAMS:
+        assert {hist + "_bucket", hist + "_count"} <= names
+        assert (hist + "_sum" in names) == (hist not in NO_SUM), hist
