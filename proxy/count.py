@@ -70,13 +70,16 @@ class CountResult:
         }
 
 
-def _ids(encoded: Any) -> list[int]:
+def input_ids(encoded: Any) -> list[int]:
     """transformers 5 returns a dict-like BatchEncoding from apply_chat_template(tokenize=True)."""
     if isinstance(encoded, Mapping):
         encoded = encoded["input_ids"]
     elif hasattr(encoded, "input_ids"):
         encoded = encoded.input_ids
     return list(encoded)
+
+
+_ids = input_ids  # older private name
 
 
 def template_of(tok: Any) -> str | None:
@@ -149,7 +152,7 @@ def count_chat(tok: Any, chat: ChatInput, endpoint: str) -> CountResult:
             templated = encode_len(tok, rendered, add_special_tokens=False)
             expected = encode_len(tok, rendered, add_special_tokens=True)
         else:
-            templated = len(_ids(render_chat(tok, chat, tokenize=True)))
+            templated = len(input_ids(render_chat(tok, chat, tokenize=True)))
             expected = templated
     except Exception as exc:
         return CountResult(

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .count import BARE_FALLBACK, CHAT_TEMPLATE, CountResult, _ids, template_of
+from .count import BARE_FALLBACK, CHAT_TEMPLATE, CountResult, input_ids, template_of
 
 EXACT = "exact"
 DUPLICATE_BOS = "duplicate_bos"
@@ -106,8 +106,8 @@ def _template_facts(tok: Any, bos_text: str | None) -> tuple[bool, int]:
     try:
         with_gen = tok.apply_chat_template(_PROBE, tokenize=False, add_generation_prompt=True)
         without_gen = tok.apply_chat_template(_PROBE, tokenize=False, add_generation_prompt=False)
-        n_with = len(_ids(tok(with_gen, add_special_tokens=False)))
-        n_without = len(_ids(tok(without_gen, add_special_tokens=False)))
+        n_with = len(input_ids(tok(with_gen, add_special_tokens=False)))
+        n_without = len(input_ids(tok(without_gen, add_special_tokens=False)))
     except Exception:  # templates may raise on anything; the profile then carries no template signature
         return False, 0
     emits_bos = bos_text is not None and isinstance(with_gen, str) and with_gen.startswith(bos_text)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .count import _ids, template_of
+from .count import input_ids, template_of
 from .diagnose import build_profile
 
 Messages = list[dict[str, Any]]
@@ -153,8 +153,8 @@ def render(tok: Any, messages: Messages, gen: bool, cont: bool) -> str:
 
 
 def direct_ids(tok: Any, messages: Messages, gen: bool, cont: bool) -> list[int]:
-    # transformers 5 returns a BatchEncoding here, not a list: `_ids` reads its input_ids.
-    return _ids(
+    # transformers 5 returns a BatchEncoding here, not a list: `input_ids` reads its input_ids.
+    return input_ids(
         tok.apply_chat_template(
             messages, tokenize=True, add_generation_prompt=gen, continue_final_message=cont
         )
@@ -162,7 +162,7 @@ def direct_ids(tok: Any, messages: Messages, gen: bool, cont: bool) -> list[int]
 
 
 def encode(tok: Any, text: str, add_special_tokens: bool) -> list[int]:
-    return _ids(tok(text, add_special_tokens=add_special_tokens))
+    return input_ids(tok(text, add_special_tokens=add_special_tokens))
 
 
 _ROLE_SWAPS = (("assistant", "user"), ("Assistant", "User"), ("ASSISTANT", "USER"))
