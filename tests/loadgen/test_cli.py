@@ -1,0 +1,62 @@
+"""`islwatch loadgen` as a user runs it: a subprocess against `islwatch emulate`, JSON report and records."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from loadgen.demo import _free_port
+from tests.conftest import REPO
+
+CLI = [sys.executable, "-m", "proxy.cli"]
+
+
+@pytest.fixture(scope="module")
+def emulator() -> Iterator[str]:
+    port = _free_port("127.0.0.1", 0)
+    proc = subprocess.Popen(
+        [*CLI, "emulate", "--listen", f"127.0.0.1:{port}"], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # the ready line
+    assert "listening on" in line, line
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_loadgen_cli_writes_report_and_records(emulator: str, tmp_path: Path, workers: int) -> None:
+    out = subprocess.run(
+        [*CLI, "loadgen", "--url", emulator, "--isl", "150", "--osl", "4", "--turns", "2", "--request-rate", "50",
+         "--arrival", "constant", "--request-count", "8", "--warmup", "1", "--streaming", "--workers", str(workers),
+         "--cache-bust", "first_turn_suffix", "--output", str(tmp_path / "r.json"),
+         "--records", str(tmp_path / "r.jsonl")],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "template overhead: fixed" in out.stdout
+    report = orjson.loads((tmp_path / "r.json").read_bytes())
+    assert report["requests"] == 8 and report["warmup_excluded"] == 1
+    assert report["isl"]["client_exact"] == report["isl"]["server_exact"] == 8
+    assert report["ttft_ms"]["n"] == 8 and report["send_lateness_ms"]["n"] == 8
+    records = [orjson.loads(line) for line in (tmp_path / "r.jsonl").read_bytes().splitlines()]
+    assert len(records) == 9
+    for r in records:
+        for key in (
+            "turn",
+            "target_isl",
+            "client_isl",
+            "server_prompt_tokens",
+            "latency_ms",
+            "ttft_ms",
+            "itl_ms",
+        ):
+            assert key in r
+        assert r["client_isl"] == r["target_isl"] == r["server_prompt_tokens"]
+    assert {r["turn"] for r in records if not r["warmup"]} == {1, 2}
