@@ -115,3 +115,10 @@ def write_result(name: str, data: dict[str, Any]) -> Path:
     path.write_text(text)
     (RESULTS / f"{name}-latest.json").write_text(text)
     return path
+
+
+def encode_body(body: dict[str, Any], stream: bool) -> bytes:
+    """The exact bytes the load client sends (the replay upstream looks responses up by these bytes)."""
+    import orjson
+
+    return orjson.dumps({**body, "stream": stream})

@@ -1,0 +1,125 @@
+"""The highest request rate `islwatch loadgen` holds against a fast upstream, and how late its sends are.
+
+The upstream is `bench/replay_upstream.py --static` (a fixed short answer to any chat request), so the
+upstream costs almost nothing and the loadgen's own limits show. For each rate of a ladder, the loadgen
+runs open loop (constant arrivals) for a few seconds; a rate is held when every request succeeds, the
+achieved rate is within 3 % of the offered one, and p99 send lateness is at most 2 ms (issue 7's target:
+2,000 req/s at p99 lateness <= 2 ms). Where `aiperf` is on PATH, the same ladder runs against it.
+
+Usage: python -m bench.loadgen_capacity [--rates 500,1000,2000,3000] [--workers 1,2] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from bench._common import SHARED_TOKENIZERS, machine, pct, write_result
+from bench.proxy_overhead import free_port, start
+
+LATE_P99_MS = 2.0
+
+
+def run_loadgen(
+    url: str, tokenizer: str, rate: int, workers: int, seconds: float, isl: int, tmp: Path
+) -> dict:
+    records = tmp / f"rec-{rate}-{workers}.jsonl"
+    cmd = [sys.executable, "-m", "proxy.cli", "--log-level", "WARNING", "loadgen", "--url", url,
+           "--tokenizer", tokenizer, "--isl", str(isl), "--osl", "16", "--request-rate", str(rate),
+           "--arrival", "constant", "--duration", str(seconds), "--workers", str(workers),
+           "--records", str(records), "--timeout-seconds", "30"]  # fmt: skip
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, check=False)
+    total_s = time.perf_counter() - t0
+    if not records.exists():
+        return {"rate": rate, "workers": workers, "error": done.stderr.decode()[-800:]}
+    recs = [json.loads(line) for line in records.read_text().splitlines() if line]
+    recs = [r for r in recs if not r.get("warmup")]
+    sent = sorted(r["sent_at"] for r in recs)
+    late = [r["send_lateness_ms"] for r in recs if r.get("send_lateness_ms") is not None]
+    lat = [r["latency_ms"] for r in recs if r.get("latency_ms") is not None]
+    errors = sum(1 for r in recs if r.get("error") or (r.get("status") or 0) >= 400)
+    span = sent[-1] - sent[0] if len(sent) > 1 else 0.0
+    achieved = (len(sent) - 1) / span if span else 0.0
+    out = {
+        "rate": rate,
+        "workers": workers,
+        "requests": len(recs),
+        "errors": errors,
+        "achieved_rps": achieved,
+        "late_p50_ms": pct(late, 50),
+        "late_p99_ms": pct(late, 99),
+        "late_max_ms": max(late) if late else None,
+        "late_over_1ms": sum(1 for x in late if x > 1) / len(late) if late else None,
+        "latency_p50_ms": pct(lat, 50),
+        "latency_p99_ms": pct(lat, 99),
+        "wall_s_including_prep": total_s,
+        "exit_code": done.returncode,
+    }
+    out["held"] = bool(recs and errors == 0 and achieved >= 0.97 * rate and out["late_p99_ms"] <= LATE_P99_MS)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    default_tok = SHARED_TOKENIZERS / "llama-3-8b-instruct"
+    p.add_argument(
+        "--tokenizer", default=str(default_tok) if default_tok.is_dir() else "builtin:mistral-v0.1"
+    )
+    p.add_argument("--rates", default="500,1000,2000,3000")
+    p.add_argument("--workers", default="1,2", help="loadgen --workers values to try")
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--isl", type=int, default=200, help="templated tokens per request")
+    p.add_argument("--quick", action="store_true", help="rates 500,2000; 2 s each; 1 worker")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rates, args.workers, args.seconds = "500,2000", "1", 2.0
+    rates = [int(r) for r in args.rates.split(",")]
+    workers = [int(w) for w in args.workers.split(",")]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    rows: list[dict[str, Any]] = []
+    print(f"{'workers':>7} {'rate':>6} {'achieved':>9} {'err':>5} {'late p50':>9} {'late p99':>9} "
+          f"{'>1ms':>6} {'lat p99':>8}  held")  # fmt: skip
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        up = f"http://127.0.0.1:{free_port()}"
+        start(stack, [sys.executable, "-m", "bench.replay_upstream", "--static", "--listen", up[7:]],
+              up + "/health", env)  # fmt: skip
+        for w in workers:
+            for rate in rates:
+                r = run_loadgen(up, args.tokenizer, rate, w, args.seconds, args.isl, Path(tmp))
+                rows.append(r)
+                if "error" in r:
+                    print(f"{w:7d} {rate:6d} loadgen failed: {r['error']}")
+                    continue
+                print(f"{w:7d} {rate:6d} {r['achieved_rps']:9.0f} {r['errors']:5d} {r['late_p50_ms']:9.3f} "
+                      f"{r['late_p99_ms']:9.3f} {r['late_over_1ms']:6.1%} {r['latency_p99_ms']:8.2f}  {r['held']}")  # fmt: skip
+    held = [r for r in rows if r.get("held")]
+    best = max((r["rate"] for r in held), default=None)
+    target = any(r["rate"] >= 2000 for r in held)
+    print(
+        f"highest held rate: {best} req/s; target 2,000 req/s at p99 lateness <= {LATE_P99_MS} ms: "
+        f"{'MET' if target else 'MISSED'}"
+    )
+    aiperf = shutil.which("aiperf")
+    if aiperf is None:
+        print("aiperf not installed: comparison skipped")
+    path = write_result("loadgen_capacity", {
+        "machine": machine(), "tokenizer": args.tokenizer, "isl": args.isl, "seconds": args.seconds,
+        "rows": rows, "highest_held_rps": best, "target_2000_met": target,
+        "aiperf": "not installed" if aiperf is None else "installed, comparison not implemented",
+    })  # fmt: skip
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,284 @@
+"""The proxy's added latency, throughput, CPU and memory, side by side with the floor proxy.
+
+Processes: `islwatch emulate` (no artificial latency, a real tokenizer) as the fast upstream; the floor
+(`bench/floor_proxy.py`); `islwatch proxy` with analysis on (every request analysed unless the pool drops
+it); and the load client (`bench/_client.py`) in its own process. The client sends ~1,000-token chats
+(`max_tokens` 16), alternating targets block by block: direct, floor, islwatch.
+
+Reported per phase: p50/p99 latency per target, the latency each proxy adds over direct, and islwatch's added
+latency as a ratio of the floor's (target <= 1.2x); max throughput at concurrency 32 (target >= 0.8x the
+floor); proxy CPU seconds per 1,000 requests (analysis workers included); RSS; analysis drops.
+
+Usage: python -m bench.proxy_overhead [--tokenizer DIR] [--quick] [--no-islwatch]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from bench._common import (
+    SHARED_TOKENIZERS,
+    conversation,
+    encode_body,
+    machine,
+    pct,
+    words_for_tokens,
+    write_result,
+)
+from proxy.tokenizer import load_tokenizer
+
+TARGETS = ("direct", "floor", "islwatch")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready after {seconds}s")
+
+
+def start(
+    stack: ExitStack, argv: list[str], ready: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+
+    def stop() -> None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+    stack.callback(stop)
+    wait_ready(ready, proc)
+    return proc
+
+
+def phases(quick: bool) -> list[dict[str, Any]]:
+    """Small blocks, many alternations: background load on a shared machine hits every contender alike."""
+    scale = 0.25 if quick else 1.0
+    out: list[dict[str, Any]] = []
+    for stream in (False, True):
+        for conc, n, reps in ((1, 100, 6), (4, 200, 4), (32, 600, 3)):
+            out.append({"name": f"c{conc}{'-stream' if stream else ''}", "kind": "closed", "concurrency": conc,
+                        "requests": max(20, int(n * scale)), "stream": stream,
+                        "reps": 2 if quick else reps})  # fmt: skip
+    for rate in (100, 500, 1000):
+        out.append({"name": f"rate{rate}", "kind": "open", "rate": rate, "seconds": 1.5 if quick else 4,
+                    "stream": False, "reps": 1})  # fmt: skip
+    return out
+
+
+def summarize(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    by: dict[tuple[str, str], dict[str, Any]] = {}
+    for b in blocks:
+        agg = by.setdefault((b["phase"], b["target"]), {"lat": [], "late": [], "errors": 0, "wall": 0.0,
+                                                        "cpu": 0.0, "upstream_cpu": 0.0, "rss_mb": 0.0,
+                                                        "dropped": 0.0, "analysed": 0.0, "offered": 0})  # fmt: skip
+        agg["lat"] += b["lat"]
+        agg["late"] += b["late"]
+        agg["errors"] += b["errors"]
+        agg["wall"] += b["wall"]
+        agg["cpu"] += b["cpu"]
+        agg["upstream_cpu"] += b["upstream_cpu"]
+        agg["rss_mb"] = max(agg["rss_mb"], b["rss_mb"])
+        agg["dropped"] += b["counters"].get("islwatch_analysis_dropped_total", 0.0)
+        agg["analysed"] += b["counters"].get("islwatch_analysis_seconds_count", 0.0)
+        agg["offered"] += b.get("offered", 0)
+    out: dict[str, Any] = {}
+    for (phase, target), a in by.items():
+        n = len(a["lat"])
+        out.setdefault(phase, {})[target] = {
+            "requests": n,
+            "errors": a["errors"],
+            "p50_ms": pct(a["lat"], 50) * 1e3,
+            "p99_ms": pct(a["lat"], 99) * 1e3,
+            "rps": n / a["wall"] if a["wall"] else 0.0,
+            "offered": a["offered"],
+            "send_late_p99_ms": pct(a["late"], 99) * 1e3 if a["late"] else None,
+            "proxy_cpu_s_per_1000": a["cpu"] / n * 1000 if n else None,
+            "upstream_cpu_s_per_1000": a["upstream_cpu"] / n * 1000 if n else None,
+            "rss_mb": a["rss_mb"],
+            "analysis_dropped": a["dropped"],
+            "analysis_done": a["analysed"],
+        }
+    for targets in out.values():
+        d = targets.get("direct")
+        if not d:
+            continue
+        for name in ("floor", "islwatch"):
+            t = targets.get(name)
+            if t:
+                t["added_p50_ms"] = t["p50_ms"] - d["p50_ms"]
+                t["added_p99_ms"] = t["p99_ms"] - d["p99_ms"]
+        f, i = targets.get("floor"), targets.get("islwatch")
+        if f and i:
+            i["vs_floor"] = {
+                "added_p50": i["added_p50_ms"] / f["added_p50_ms"] if f["added_p50_ms"] > 0 else None,
+                "added_p99": i["added_p99_ms"] / f["added_p99_ms"] if f["added_p99_ms"] > 0 else None,
+                "rps": i["rps"] / f["rps"] if f["rps"] else None,
+            }
+    return out
+
+
+def fmt(x: Any, spec: str = "7.2f") -> str:
+    return format(x, spec) if isinstance(x, (int, float)) else format("-", ">" + spec.split(".")[0])
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    print(f"{'phase':14} {'target':9} {'n':>5} {'err':>4} {'p50 ms':>7} {'p99 ms':>7} {'+p50':>7} {'+p99':>7} "
+          f"{'rps':>7} {'cpu/1k':>7} {'rss MB':>7} {'drop':>6} {'x floor +p50/+p99/rps':>24}")  # fmt: skip
+    for phase, targets in summary.items():
+        for name in TARGETS:
+            t = targets.get(name)
+            if not t:
+                continue
+            vs = t.get("vs_floor") or {}
+            ratio = (
+                " / ".join(fmt(vs.get(k), "4.2f") for k in ("added_p50", "added_p99", "rps")) if vs else ""
+            )
+            print(f"{phase:14} {name:9} {t['requests']:5d} {t['errors']:4d} {fmt(t['p50_ms'])} {fmt(t['p99_ms'])} "
+                  f"{fmt(t.get('added_p50_ms'))} {fmt(t.get('added_p99_ms'))} {fmt(t['rps'], '7.0f')} "
+                  f"{fmt(t['proxy_cpu_s_per_1000'] if name != 'direct' else None)} "
+                  f"{fmt(t['rss_mb'] if name != 'direct' else None, '7.0f')} {fmt(t['analysis_dropped'], '6.0f')} "
+                  f"{ratio:>24}")  # fmt: skip
+
+
+def verdicts(summary: dict[str, Any]) -> dict[str, Any]:
+    """Each target of issue 7, met or not, from the measured ratios."""
+    out: dict[str, Any] = {}
+    for phase, targets in summary.items():
+        vs = (targets.get("islwatch") or {}).get("vs_floor")
+        if not vs or not phase.startswith("c"):
+            continue
+        out[f"{phase} added p50 <= 1.2x floor"] = vs["added_p50"] is not None and vs["added_p50"] <= 1.2
+        out[f"{phase} added p99 <= 1.2x floor"] = vs["added_p99"] is not None and vs["added_p99"] <= 1.2
+    c32 = summary.get("c32", {}).get("islwatch", {}).get("vs_floor")
+    if c32:
+        out["max throughput (c32) >= 0.8x floor"] = c32["rps"] is not None and c32["rps"] >= 0.8
+    return out
+
+
+def record(upstream: str, bodies: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The emulator's response to every body, streaming and not, keyed by the request bytes' sha256."""
+    out: dict[str, dict[str, Any]] = {}
+    for b in bodies:
+        for stream in (False, True):
+            data = encode_body(b, stream)
+            req = urllib.request.Request(upstream + "/v1/chat/completions", data=data,
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+            with urllib.request.urlopen(req, timeout=30) as r:
+                raw, ctype = r.read().decode(), r.headers["Content-Type"]
+            chunks = [e + "\n\n" for e in raw.split("\n\n") if e] if stream else [raw]
+            out[hashlib.sha256(data).hexdigest()] = {"content_type": ctype, "chunks": chunks}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    default_tok = SHARED_TOKENIZERS / "llama-3-8b-instruct"
+    p.add_argument(
+        "--tokenizer", default=str(default_tok) if default_tok.is_dir() else "builtin:mistral-v0.1"
+    )
+    p.add_argument("--upstream", choices=("replay", "emulate"), default="replay",
+                   help="replay: the emulator's recorded responses (default; see bench/replay_upstream.py)")  # fmt: skip
+    p.add_argument("--quick", action="store_true", help="fewer requests, one rep (a smoke run)")
+    p.add_argument("--no-islwatch", action="store_true", help="direct vs floor only")
+    p.add_argument("--islwatch-arg", action="append", default=[], help="extra `islwatch proxy` argument")
+    args = p.parse_args(argv)
+
+    tok = load_tokenizer(args.tokenizer).tokenizer
+    rng = random.Random(3)
+    words = words_for_tokens(tok, 1000, 1)
+    bodies = [
+        {"model": "bench", "max_tokens": 16, "messages": conversation(rng, 1, words)} for _ in range(200)
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    islwatch = not args.no_islwatch
+    if islwatch:
+        try:
+            import proxy.serve  # noqa: F401
+        except ImportError:
+            print(
+                "islwatch proxy (proxy.serve) not built yet: measuring direct vs floor only", file=sys.stderr
+            )
+            islwatch = False
+
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        body_file = Path(tmp) / "bodies.jsonl"
+        body_file.write_text("\n".join(json.dumps(b) for b in bodies))
+        ports = {name: free_port() for name in ("up", "replay", "floor", "isl", "admin")}
+        up = f"http://127.0.0.1:{ports['up']}"
+        cli = [sys.executable, "-m", "proxy.cli", "--log-level", "WARNING"]
+        emu = start(
+            stack, [*cli, "emulate", "--tokenizer", args.tokenizer, "--listen", up[7:]], up + "/health", env
+        )
+        floor_url = f"http://127.0.0.1:{ports['floor']}"
+        floor = start(stack, [sys.executable, "-m", "bench.floor_proxy", "--upstream", up, "--listen", floor_url[7:]],
+                      floor_url + "/health", env)  # fmt: skip
+        targets = {"direct": up, "floor": floor_url}
+        pids: dict[str, list[int]] = {"floor": [floor.pid]}
+        metrics: dict[str, str] = {}
+        if islwatch:
+            isl_url, admin = f"http://127.0.0.1:{ports['isl']}", f"http://127.0.0.1:{ports['admin']}"
+            isl = start(stack, [*cli, "proxy", "--upstream", up, "--listen", isl_url[7:], "--admin", admin[7:],
+                                "--tokenizer", args.tokenizer, *args.islwatch_arg], admin + "/readyz", env)  # fmt: skip
+            targets["islwatch"], pids["islwatch"], metrics["islwatch"] = (
+                isl_url,
+                [isl.pid],
+                admin + "/metrics",
+            )
+        cfg = {"targets": targets, "pids": pids, "metrics": metrics, "bodies": str(body_file),
+               "phases": phases(args.quick), "upstream_pids": [emu.pid]}  # fmt: skip
+        cfg_file = Path(tmp) / "client.json"
+        cfg_file.write_text(json.dumps(cfg))
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "bench._client", str(cfg_file)], capture_output=True,
+                              env=env, check=False)  # fmt: skip
+        if done.returncode:
+            print(done.stderr.decode()[-3000:], file=sys.stderr)
+            return 1
+        blocks = json.loads(done.stdout)["blocks"]
+
+    summary = summarize(blocks)
+    print_table(summary)
+    checks = verdicts(summary)
+    for name, ok in checks.items():
+        print(f"{'MET   ' if ok else 'MISSED'} {name}")
+    path = write_result("proxy_overhead", {
+        "machine": machine(), "tokenizer": args.tokenizer, "seconds": time.perf_counter() - t0,
+        "islwatch_args": args.islwatch_arg, "upstream": args.upstream, "summary": summary, "targets_met": checks,
+        "phases": cfg["phases"], "body_tokens": "~1000 (1-turn chat), max_tokens 16",
+    })  # fmt: skip
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""bench/LATEST.md from the latest results JSON of each benchmark (pure formatting, no measuring)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench._common import BENCH, RESULTS
+
+LATEST = BENCH / "LATEST.md"
+
+
+def _load(name: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{name}-latest.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _f(x: Any, spec: str = ".2f") -> str:
+    return format(x, spec) if isinstance(x, (int, float)) else "-"
+
+
+def _machine(m: dict[str, Any]) -> str:
+    return (f"{m.get('cpu')}, {m.get('cores')} cores, {m.get('memory_gb')} GB, {m.get('os')}, Python "
+            f"{m.get('python')}, transformers {m.get('transformers')}, tokenizers {m.get('tokenizers')}; "
+            f"1-min load average at the end: {_f(m.get('load_1m'))}")  # fmt: skip
+
+
+def analysis_section(d: dict[str, Any]) -> list[str]:
+    out = [
+        "## Analysis cost (`python -m bench.analysis_cost`)",
+        "",
+        f"Machine: {_machine(d['machine'])}.",
+        "",
+        "Sum of per-request time over all requests, as a ratio of a raw `tokenizers` encode of the same "
+        "rendered text (wall; CPU in brackets). `ref` = `proxy.count.count_request`, `fast` = "
+        "`proxy.fastcount.FastCounter`. Target: <= 1.2x; multi-turn < 1.0x.",
+        "",
+        "| tokenizer | shape | tokens | raw ms (median) | ref / raw | fast / raw | reuse proven | mismatches |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for fam, f in d["families"].items():
+        for shape, s in f["shapes"].items():
+            rw, rc = s["ratio_wall"], s["ratio_cpu"]
+            out.append(
+                f"| {fam} | {shape} | {s['tokens_max']} | {_f(s['ms_median']['raw'], '.3f')} | "
+                f"{_f(rw['ref'])}x ({_f(rc['ref'])}x) | {_f(rw['fast'])}x ({_f(rc['fast'])}x) | "
+                f"{f['reuse_proven']} | {s['mismatches']} |"
+            )
+    return [*out, ""]
+
+
+def overhead_section(d: dict[str, Any]) -> list[str]:
+    out = [
+        "## Proxy overhead (`python -m bench.proxy_overhead`)",
+        "",
+        f"Machine: {_machine(d['machine'])}. Tokenizer: `{Path(d['tokenizer']).name}`; upstream: "
+        f"{d.get('upstream', 'emulate')}; ~1,000-token chats, max_tokens 16.",
+        "",
+        "Added = p(through the proxy) - p(direct) in the same run, blocks alternating. islwatch / floor: "
+        "target <= 1.2x for added p50 and p99, >= 0.8x for throughput.",
+        "",
+        "| phase | direct p50/p99 ms | floor +p50/+p99 ms | islwatch +p50/+p99 ms | islwatch/floor +p50, +p99, "
+        "req/s | req/s floor / islwatch | CPU s per 1k req floor / islwatch | RSS MB floor / islwatch | "
+        "analyses dropped |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for phase, t in d["summary"].items():
+        di, fl, isl = t.get("direct", {}), t.get("floor", {}), t.get("islwatch", {})
+        vs = isl.get("vs_floor") or {}
+        out.append(
+            f"| {phase} | {_f(di.get('p50_ms'))} / {_f(di.get('p99_ms'))} | "
+            f"{_f(fl.get('added_p50_ms'))} / {_f(fl.get('added_p99_ms'))} | "
+            f"{_f(isl.get('added_p50_ms'))} / {_f(isl.get('added_p99_ms'))} | "
+            f"{_f(vs.get('added_p50'))}, {_f(vs.get('added_p99'))}, {_f(vs.get('rps'))} | "
+            f"{_f(fl.get('rps'), '.0f')} / {_f(isl.get('rps'), '.0f')} | "
+            f"{_f(fl.get('proxy_cpu_s_per_1000'))} / {_f(isl.get('proxy_cpu_s_per_1000'))} | "
+            f"{_f(fl.get('rss_mb'), '.0f')} / {_f(isl.get('rss_mb'), '.0f')} | {_f(isl.get('analysis_dropped'), '.0f')} |"
+        )
+    out += [
+        "",
+        "Targets: " + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in d["targets_met"].items()),
+        "",
+    ]
+    return out
+
+
+def loadgen_section(d: dict[str, Any]) -> list[str]:
+    out = [
+        "## Loadgen capacity (`python -m bench.loadgen_capacity`)",
+        "",
+        f"Machine: {_machine(d['machine'])}. Static upstream; ISL {d['isl']}; {d['seconds']} s per rate; "
+        "constant arrivals. Target: 2,000 req/s with p99 send lateness <= 2 ms.",
+        "",
+        "| workers | offered req/s | achieved | errors | lateness p50 / p99 / max ms | sends > 1 ms late | held |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in d["rows"]:
+        if "error" in r:
+            out.append(f"| {r['workers']} | {r['rate']} | failed | | | | |")
+            continue
+        out.append(
+            f"| {r['workers']} | {r['rate']} | {_f(r['achieved_rps'], '.0f')} | {r['errors']} | "
+            f"{_f(r['late_p50_ms'], '.3f')} / {_f(r['late_p99_ms'], '.3f')} / {_f(r['late_max_ms'], '.1f')} | "
+            f"{_f(r['late_over_1ms'], '.1%')} | {r['held']} |"
+        )
+    out += ["", f"Highest held rate: {d['highest_held_rps']} req/s; aiperf: {d['aiperf']}.", ""]
+    return out
+
+
+def write_latest() -> Path:
+    lines = [
+        "# Latest benchmark figures",
+        "",
+        "Written by `python -m bench` from bench/results/*-latest.json. Every ratio compares contenders "
+        "measured in the same run, alternating. See docs/bench.md for what each benchmark does.",
+        "",
+    ]
+    for name, section in (
+        ("analysis_cost", analysis_section),
+        ("proxy_overhead", overhead_section),
+        ("loadgen_capacity", loadgen_section),
+    ):
+        d = _load(name)
+        lines += section(d) if d else [f"## {name}", "", "No results yet.", ""]
+    LATEST.write_text("\n".join(lines))
+    return LATEST
