@@ -52,7 +52,7 @@ chmod 0755 "$work"
 if id _apt >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then chown _apt "$work"; fi
 
 download() { (cd "$work" && apt-get download -q prometheus >/dev/null); }
-if ! download; then
+if ! download 2>/dev/null; then
   # A brand-new machine has empty package lists: refresh them once and retry.
   say "package lists lack prometheus; running apt-get update"
   apt-get update -q >/dev/null
