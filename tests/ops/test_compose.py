@@ -128,3 +128,12 @@ def test_grafana_is_provisioned(services: dict[str, Any]) -> None:
     assert source["url"] == "http://prometheus:9090" and 9090 in published(services["prometheus"])
     prom_interval = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())["global"]
     assert source["jsonData"]["timeInterval"] == prom_interval["scrape_interval"]
+
+
+@pytest.mark.parametrize("name", ["islwatch", "emulator"])
+def test_commands_parse_with_the_real_cli(services: dict[str, Any], name: str) -> None:
+    """The image's ENTRYPOINT is `islwatch`; the service command is its arguments."""
+    from proxy.cli import build_parser
+
+    args = build_parser().parse_args(services[name]["command"])
+    assert args.command == services[name]["command"][0]

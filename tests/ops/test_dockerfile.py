@@ -99,6 +99,9 @@ def test_entrypoint_is_the_console_script() -> None:
     assert f"def {func}(" in (REPO / (module.replace(".", "/") + ".py")).read_text()
     (cmd,) = final("CMD")
     assert json.loads(cmd)[0] == "proxy"
+    from proxy.cli import build_parser
+
+    assert build_parser().parse_args(json.loads(cmd)).command == "proxy"
 
 
 def test_healthcheck_on_healthz() -> None:
@@ -110,6 +113,9 @@ def test_healthcheck_on_healthz() -> None:
     from proxy.config import ProxyConfig
 
     assert ProxyConfig.model_fields["admin"].default.endswith(":9100")
+    from deploylib import admin_routes
+
+    assert ("GET", "/healthz") in admin_routes(ProxyConfig(upstream="http://127.0.0.1:8000"))
 
 
 def test_hf_home_is_a_volume() -> None:

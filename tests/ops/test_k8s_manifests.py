@@ -148,3 +148,10 @@ def test_podmonitor_scrapes_the_admin_port(pod: dict[str, Any], sidecar: dict[st
     assert "admin" in {p["name"] for p in sidecar["ports"]}
     # IslwatchProxyDown matches job "<namespace>/islwatch", the PodMonitor's default job label.
     assert monitor["metadata"]["name"] == "islwatch"
+
+
+def test_sidecar_args_parse_with_the_real_cli(sidecar: dict[str, Any]) -> None:
+    from proxy.cli import build_parser
+
+    args = build_parser().parse_args(sidecar["args"])
+    assert args.command == "proxy" and args.config == "/etc/islwatch/islwatch.yaml"
