@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PROMTOOL="${PROMTOOL:-}"
+PROMTOOL="${PROMTOOL:-${ISLWATCH_PROMTOOL:-}}"
 if [ -z "$PROMTOOL" ]; then
   for candidate in "${ISLWATCH_PROMETHEUS_HOME:-/opt/islwatch/prometheus}/bin/promtool" "$(command -v promtool || true)"; do
     if [ -n "$candidate" ] && [ -x "$candidate" ]; then PROMTOOL="$candidate"; break; fi

@@ -9,14 +9,23 @@
 # Idempotent: when both binaries already work in the install dir, it only reports them.
 # Install dir: $ISLWATCH_PROMETHEUS_HOME (default /opt/islwatch/prometheus), outside the clone; the binaries
 # are also linked into /usr/local/bin when that is writable and holds no other prometheus/promtool.
-# Tests find the binaries through $ISLWATCH_PROMETHEUS_HOME/bin, then PATH (see tests/ops/opslib.py).
+# Tests find the binaries through $ISLWATCH_PROMETHEUS / $ISLWATCH_PROMTOOL, then
+# $ISLWATCH_PROMETHEUS_HOME/bin, then PATH (see tests/ops/opslib.py).
+#
+# Output: what it did goes to stderr; stdout carries only `export` lines for those two variables, so
+#   eval "$(bash scripts/install_prometheus.sh)"
+# sets them in the calling shell.
 set -euo pipefail
 
 HOME_DIR="${ISLWATCH_PROMETHEUS_HOME:-/opt/islwatch/prometheus}"
 BIN_DIR="$HOME_DIR/bin"
 LINK_DIR="${ISLWATCH_PROMETHEUS_LINK_DIR:-/usr/local/bin}"
 
-say() { echo "install_prometheus: $*"; }
+say() { echo "install_prometheus: $*" >&2; }
+exports() {
+  printf 'export ISLWATCH_PROMETHEUS=%q\n' "$BIN_DIR/prometheus"
+  printf 'export ISLWATCH_PROMTOOL=%q\n' "$BIN_DIR/promtool"
+}
 
 works() { [ -x "$BIN_DIR/prometheus" ] && [ -x "$BIN_DIR/promtool" ] &&
   "$BIN_DIR/prometheus" --version >/dev/null 2>&1 && "$BIN_DIR/promtool" --version >/dev/null 2>&1; }
@@ -39,11 +48,12 @@ link_binaries() {
 if works; then
   say "already installed in $BIN_DIR: $("$BIN_DIR/prometheus" --version 2>&1 | head -n1)"
   link_binaries
+  exports
   exit 0
 fi
 
-command -v apt-get >/dev/null || { say "apt-get not found: this script needs a Debian-based machine" >&2; exit 1; }
-command -v dpkg >/dev/null || { say "dpkg not found" >&2; exit 1; }
+command -v apt-get >/dev/null || { say "apt-get not found: this script needs a Debian-based machine"; exit 1; }
+command -v dpkg >/dev/null || { say "dpkg not found"; exit 1; }
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -66,6 +76,7 @@ mkdir -p "$BIN_DIR"
 for name in prometheus promtool; do
   install -m 0755 "$work/root/usr/bin/$name" "$BIN_DIR/$name"
 done
-works || { say "installed binaries do not run" >&2; exit 1; }
+works || { say "installed binaries do not run"; exit 1; }
 say "installed into $BIN_DIR: $("$BIN_DIR/prometheus" --version 2>&1 | head -n1)"
 link_binaries
+exports

@@ -126,7 +126,11 @@ def alert_rules() -> list[dict[str, Any]]:
 
 
 def find_tool(name: str) -> str | None:
-    """`prometheus` or `promtool`: the install script's dir first, then PATH."""
+    """`prometheus` or `promtool`: $ISLWATCH_PROMETHEUS / $ISLWATCH_PROMTOOL (what
+    `eval "$(bash scripts/install_prometheus.sh)"` exports), the install script's dir, then PATH."""
+    explicit = os.environ.get(f"ISLWATCH_{name.upper()}")
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
     candidate = PROMETHEUS_HOME / "bin" / name
     if candidate.is_file() and os.access(candidate, os.X_OK):
         return str(candidate)

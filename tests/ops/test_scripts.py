@@ -23,7 +23,12 @@ def test_install_is_idempotent() -> None:
         pytest.skip(f"prometheus not installed in {PROMETHEUS_HOME}; {INSTALL_HINT}")
     result = subprocess.run(["bash", str(SCRIPTS[0])], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
-    assert "already installed" in result.stdout and "downloaded" not in result.stdout
+    assert "already installed" in result.stderr and "downloaded" not in result.stderr
+    # stdout is only `export` lines, for `eval "$(bash scripts/install_prometheus.sh)"`.
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in result.stdout.splitlines())
+    assert set(exports) == {"ISLWATCH_PROMETHEUS", "ISLWATCH_PROMTOOL"}
+    for path in exports.values():
+        assert subprocess.run([path, "--version"], capture_output=True, check=False).returncode == 0
 
 
 def test_check_rules_passes() -> None:
