@@ -63,9 +63,12 @@ def arrivals(rate: float, kind: str, seed: str, phase: float = 0.0) -> Iterator[
     """Send offsets in seconds from the start: Poisson (exponential gaps) or evenly spaced."""
     rng = random.Random(seed)
     t = phase
+    i = 0
     while True:
         yield t
-        t += rng.expovariate(rate) if kind == "poisson" else 1.0 / rate
+        i += 1
+        # Constant: computed from the index, so float error does not accumulate into an extra slot.
+        t = t + rng.expovariate(rate) if kind == "poisson" else phase + i / rate
 
 
 def _text_of(choice: dict[str, Any], streaming: bool) -> str:
