@@ -17,6 +17,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy, istr
+from yarl import URL
 
 from .analysis import AnalysisPool
 from .metrics import Metrics, status_class
@@ -199,7 +200,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
                     parser = SSEUsageParser()
     injected = parser is not None
     headers = forward_headers(request.headers, drop_length=isinstance(data, bytes))
-    url = ctx.upstream + request.raw_path
+    # The path and query go upstream exactly as the client wrote them (encoded=True: no re-quoting); an
+    # absolute-form target (`GET http://elsewhere/ HTTP/1.1`) contributes only its path: not an open proxy.
+    url = URL(ctx.upstream + request.rel_url.raw_path_qs, encoded=True)
 
     response: web.StreamResponse | None = None
     try:

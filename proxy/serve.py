@@ -31,7 +31,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
       "(default builtin:mistral-v0.1)")  # fmt: skip
     a("--model-tokenizer", action="append", metavar="MODEL=PATH_OR_ID[@REVISION]",
       help="tokenizer for one served model name (repeatable)")  # fmt: skip
-    a("--chat-template", metavar="FILE", help="chat template file overriding the tokenizer's (as the server's)")
+    a(
+        "--chat-template",
+        metavar="FILE",
+        help="chat template file overriding the tokenizer's (as the server's)",
+    )
     a("--trust-remote-code", action="store_true", default=None, help="allow tokenizer code from the folder")
     a("--max-body-bytes", type=int, help="larger request bodies are relayed but not analysed (default 8 MiB)")
     a("--analysis-workers", type=int, help="analysis workers (default 1)")
@@ -39,7 +43,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--analysis-mode", choices=["process", "thread"], help="workers are processes (default) or threads")
     a("--inject-stream-usage", action="store_true", default=None,
       help="ask streaming requests' upstream for usage and hide it from the client")  # fmt: skip
-    a("--dump-mismatches", metavar="DIR", help="write mismatching requests (with prompts!) to DIR (0600 files)")
+    a(
+        "--dump-mismatches",
+        metavar="DIR",
+        help="write mismatching requests (with prompts!) to DIR (0600 files)",
+    )
     a("--dump-max", type=int, help="keep at most N dump files, oldest deleted first (default 100)")
     a("--upstream-timeout-seconds", type=float, help="max wait for the upstream's next bytes (default 600)")
 
