@@ -42,6 +42,7 @@ def analysis_spec(config: ProxyConfig) -> AnalysisSpec:
         trust_remote_code=config.trust_remote_code,
         dump_dir=config.dump_mismatches,
         dump_max=config.dump_max,
+        server_flavor=config.server_flavor,
     )
 
 

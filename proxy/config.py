@@ -49,6 +49,8 @@ class ProxyConfig(BaseModel):
     analysis_queue: int = Field(default=256, ge=1)
     analysis_mode: Literal["process", "thread"] = "process"
     inject_stream_usage: bool = False
+    # Which server's request preparation to predict: vLLM (also SGLang, TGI) or llama.cpp's llama-server.
+    server_flavor: Literal["vllm", "llama.cpp"] = "vllm"
     dump_mismatches: str | None = None
     dump_max: int = Field(default=100, ge=1)
     upstream_timeout_seconds: float = Field(default=600.0, gt=0)

@@ -9,6 +9,7 @@ import orjson
 
 from .count import INVALID_BODY, count_request
 from .extract import Endpoint
+from .flavor import FLAVORS, flavored_tokenizer, prepare_body
 from .tokenizer import TokenizerLoadError, load_tokenizer
 
 
@@ -20,6 +21,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template", help="file whose text replaces the tokenizer's chat template")
     p.add_argument("--trust-remote-code", action="store_true", help="allow tokenizer code from the hub")
     p.add_argument("--endpoint", choices=[e.value for e in Endpoint], default=Endpoint.CHAT.value)
+    p.add_argument(
+        "--server-flavor",
+        choices=list(FLAVORS),
+        default="vllm",
+        help="whose request preparation to predict (default vllm; also SGLang, TGI)",
+    )
     p.add_argument("file", nargs="?", default="-", help="request body JSON file, or - for stdin")
 
 
@@ -39,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     except TokenizerLoadError as exc:
         print(f"islwatch count: {exc}", file=sys.stderr)
         return 2
-    result = count_request(loaded.tokenizer, args.endpoint, body)
+    tok = flavored_tokenizer(loaded.tokenizer, args.server_flavor)
+    result = count_request(tok, args.endpoint, prepare_body(args.server_flavor, args.endpoint, body))
     if result.fallback_reason == INVALID_BODY:
         print(f"islwatch count: not a {args.endpoint} request: {result.detail}", file=sys.stderr)
         return 2

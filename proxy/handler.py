@@ -307,6 +307,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
                     parsed=parsed if ctx.thread_mode else None,
                     server_tokens=_server_tokens(parser),
                     response_json=bytes(json_tail[-ctx.max_body_bytes :]) if json_tail is not None else None,
+                    streamed=parser is not None,
                 )
             )
 

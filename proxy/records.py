@@ -48,6 +48,7 @@ class AnalysisJob:
     parsed: Any = None
     server_tokens: int | None = None  # from the SSE parser on the response path
     response_json: bytes | None = None  # a JSON response (or its tail) for the worker to read usage from
+    streamed: bool = False  # the response was an event stream
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     a("--dump-max", type=int, help="keep at most N dump files, oldest deleted first (default 100)")
     a("--upstream-timeout-seconds", type=float, help="max wait for the upstream's next bytes (default 600)")
+    a("--server-flavor", choices=["vllm", "llama.cpp"],
+      help="whose request preparation to predict: vllm (default; also SGLang, TGI) or llama.cpp")  # fmt: skip
 
 
 def config_from_args(args: argparse.Namespace) -> ProxyConfig:
@@ -58,14 +60,14 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         for key in (
             "upstream", "listen", "admin", "tokenizer", "chat_template", "trust_remote_code", "max_body_bytes",
             "analysis_workers", "analysis_queue", "analysis_mode", "inject_stream_usage", "dump_mismatches",
-            "dump_max", "upstream_timeout_seconds",
+            "dump_max", "upstream_timeout_seconds", "server_flavor",
         )
     }  # fmt: skip
     if getattr(args, "model_tokenizer", None):
         flags["model_tokenizers"] = parse_model_tokenizers(args.model_tokenizer)
-    # `--log-level` belongs to the top-level `islwatch` parser (default INFO): a flag only when changed.
+    # `--log-level` belongs to the top-level `islwatch` parser; None when not given.
     level = getattr(args, "log_level", None)
-    if level and level.upper() != "INFO":
+    if level:
         flags["log_level"] = level
     return load_config(flags, getattr(args, "config", None))
 

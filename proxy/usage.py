@@ -132,12 +132,29 @@ def _event_usage(payload: bytes) -> tuple[Usage | None, Any]:
     return usage_of(obj), obj
 
 
+def _finished_choice_index(obj: Any) -> int | None:
+    """The index of the one choice an event finishes (llama.cpp puts each prompt's usage there)."""
+    choices = obj.get("choices") if isinstance(obj, dict) else None
+    if isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict):
+        choice = choices[0]
+        if choice.get("finish_reason") is not None and isinstance(choice.get("index"), int):
+            return choice["index"]
+    return None
+
+
 class SSEUsageParser:
-    """Feed SSE bytes in any chunking; `result()` is the last non-null usage seen."""
+    """Feed SSE bytes in any chunking; `result()` is the request's usage.
+
+    That is the last non-null usage seen, except for llama.cpp's `/v1/completions` stream of several prompts:
+    there each prompt's usage rides on its own finish chunk (choice index = prompt index) and no total chunk
+    follows, so the request's usage is their sum. A `"choices": []` total chunk (OpenAI, vLLM) still wins.
+    """
 
     def __init__(self) -> None:
         self._partial = b""
         self._usage: Usage | None = None
+        self._final: Usage | None = None
+        self._per_choice: dict[int, Usage] = {}
         self.events = 0
 
     def feed(self, chunk: bytes) -> None:
@@ -159,14 +176,26 @@ class SSEUsageParser:
         self.events += 1
         if line.count(_USAGE_KEY) == 1 and _NULL_USAGE_BEFORE.search(line):
             return  # OpenAI's `"usage": null` on an ordinary chunk: nothing to parse
-        usage, _ = _event_usage(payload)
-        if usage is not None:
-            self._usage = usage
+        usage, obj = _event_usage(payload)
+        if usage is None:
+            return
+        self._usage = usage
+        if is_usage_only_chunk(obj):
+            self._final = usage
+        elif (index := _finished_choice_index(obj)) is not None:
+            self._per_choice[index] = usage
 
     def result(self) -> Usage | None:
         if self._partial:  # a last event without its newline: servers do end streams that way
             self._line(self._partial)
             self._partial = b""
+        if self._final is None and len(self._per_choice) > 1:
+            parts = list(self._per_choice.values())
+            outputs = [u.output_tokens for u in parts]
+            return Usage(
+                sum(u.input_tokens for u in parts),
+                None if None in outputs else sum(o for o in outputs if o is not None),
+            )
         return self._usage
 
 

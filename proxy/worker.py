@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
 from .count import INVALID_BODY, NO_TEMPLATE, CountResult, count_request
+from .flavor import flavored_tokenizer, prepare_body, reported_prompt_tokens
 from .records import DEFAULT_KEY, DEFAULT_LABEL, AnalysisJob, AnalysisOutcome, TokenizerReport
 from .tokenizer import LoadedTokenizer, TokenizerLoadError, load_tokenizer
 from .usage import usage_from_json_bytes
@@ -36,6 +37,7 @@ class AnalysisSpec:
     trust_remote_code: bool = False
     dump_dir: str | None = None
     dump_max: int = 100
+    server_flavor: str = "vllm"
 
 
 def _optional(module: str) -> Any:
@@ -90,13 +92,14 @@ class WorkerState:
             except TokenizerLoadError as exc:
                 state.errors[key] = str(exc)
                 continue
+            counting_tok = flavored_tokenizer(loaded.tokenizer, spec.server_flavor)
             profile = None
             if state._diagnose is not None:
                 try:
-                    profile = state._diagnose.build_profile(loaded.tokenizer)
+                    profile = state._diagnose.build_profile(counting_tok)
                 except Exception as exc:  # diagnosis is an extra; counting goes on without it
                     log.warning("drift profile for %s failed: %s", _label(key), type(exc).__name__)
-            state.entries[key] = _Entry(loaded, _counter(loaded.tokenizer), profile)
+            state.entries[key] = _Entry(loaded, _counter(counting_tok), profile)
         return state
 
     def describe(self) -> list[TokenizerReport]:
@@ -135,9 +138,13 @@ class WorkerState:
         if entry is None:
             return {"error": "tokenizer not loaded"}
         body = job.parsed if job.parsed is not None else orjson.loads(job.body)
-        result = entry.count(job.endpoint, body)
+        flavor = self.spec.server_flavor
+        result = entry.count(job.endpoint, prepare_body(flavor, job.endpoint, body))
         if result.fallback_reason == INVALID_BODY:
             return {"bad_reason": "not_a_request", "detail": result.detail}
+        reported = reported_prompt_tokens(flavor, job.endpoint, result.prompts, job.streamed)
+        if reported is not None:
+            result = replace(result, expected_server=reported)
         server = job.server_tokens
         if server is None and job.response_json is not None:
             usage = usage_from_json_bytes(job.response_json)

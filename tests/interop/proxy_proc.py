@@ -43,11 +43,15 @@ class Proxy:
 
 @contextmanager
 def running_proxy(
-    upstream: str, tokenizer: str, log_path: Path, wait_for_upstream: bool = True
+    upstream: str,
+    tokenizer: str,
+    log_path: Path,
+    wait_for_upstream: bool = True,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[Proxy]:
     proxy = Proxy(free_port(), free_port(), log_path)
     cmd = [sys.executable, "-m", "proxy.cli", "proxy", "--upstream", upstream, "--tokenizer", tokenizer]
-    cmd += ["--listen", f"127.0.0.1:{proxy.port}", "--admin", f"127.0.0.1:{proxy.admin_port}"]
+    cmd += ["--listen", f"127.0.0.1:{proxy.port}", "--admin", f"127.0.0.1:{proxy.admin_port}", *extra_args]
     log = open(log_path, "wb")  # noqa: SIM115 - the child owns the handle for its lifetime
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:

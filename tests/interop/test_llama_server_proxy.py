@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from interop.interop_shapes import QWEN, SHAPES, Shape
+from interop.interop_shapes import FIRST_PROMPT, QWEN, SHAPES, Shape
 from interop.llama_server_proc import (
     START_DEADLINE_SECONDS,
     LlamaServer,
@@ -47,15 +47,31 @@ def llama_proxy(
 
 
 @pytest.fixture(scope="session")
+def llama_cpp_flavor_proxy(
+    request: pytest.FixtureRequest, llama_server: LlamaServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Proxy]:
+    """The same proxy told which server it watches: `--server-flavor llama.cpp`."""
+    tokenizer = str(request.getfixturevalue("family_tokenizer").name_or_path)
+    log_path = tmp_path_factory.mktemp("islwatch-proxy-cpp") / f"{llama_server.family}.log"
+    with running_proxy(
+        llama_server.base_url, tokenizer, log_path, extra_args=("--server-flavor", "llama.cpp")
+    ) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="session")
 def proxied_client(llama_proxy: Proxy) -> OpenAI:
     return OpenAI(base_url=f"{llama_proxy.base_url}/v1", api_key="sk-none", max_retries=0)
 
 
-def expected_result(shape: Shape, family: str) -> str:
-    """Documented divergences mismatch in both modes. For a list of prompts (FIRST_PROMPT) the stream is
-    no exception: each prompt's usage rides on its own finish chunk and proxy/usage.py keeps the latest
-    (the last prompt's), never the sum (docs/interop.md#list-of-prompts-usage-is-the-first-prompts)."""
-    return "exact" if shape.diverges.get(family) is None else "mismatch"
+def expected_result(shape: Shape, family: str, streamed: bool) -> str:
+    """Documented divergences mismatch under the default (vLLM) flavor. A list of prompts (FIRST_PROMPT)
+    mismatches only when not streamed: streamed, each prompt's usage rides on its own finish chunk and the
+    proxy sums them (docs: list-of-prompts-usage-is-the-first-prompts)."""
+    cause = shape.diverges.get(family)
+    if cause is None or (cause == FIRST_PROMPT and streamed):
+        return "exact"
+    return "mismatch"
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
@@ -72,9 +88,27 @@ def test_proxied_shape_is_counted(
     assert any(e is not None and e.usage is not None for e in events)
     streamed = wait_for_analysis(llama_proxy, shape.endpoint, before, 1)
 
-    want = expected_result(shape, family)
-    assert nonstream == {want: 1.0}, f"non-streaming {shape.name}: {nonstream}"
-    assert streamed == {want: 1.0}, f"streaming {shape.name}: {streamed}"
+    assert nonstream == {expected_result(shape, family, False): 1.0}, (
+        f"non-streaming {shape.name}: {nonstream}"
+    )
+    assert streamed == {expected_result(shape, family, True): 1.0}, f"streaming {shape.name}: {streamed}"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
+def test_llama_cpp_flavor_makes_every_shape_exact(
+    llama_cpp_flavor_proxy: Proxy, family: str, shape: Shape
+) -> None:
+    """With `--server-flavor llama.cpp` islwatch predicts llama-server's own preparation: every documented
+    divergence (NFC, prefill, rebuilt tools, %g floats, first-prompt usage) is counted exactly."""
+    client = OpenAI(base_url=f"{llama_cpp_flavor_proxy.base_url}/v1", api_key="sk-none", max_retries=0)
+    for stream in (False, True):
+        before = match_counts(llama_cpp_flavor_proxy, shape.endpoint)
+        if stream:
+            list(create(client, shape, stream=True, stream_options={"include_usage": True}))
+        else:
+            create(client, shape)
+        got = wait_for_analysis(llama_cpp_flavor_proxy, shape.endpoint, before, 1)
+        assert got == {"exact": 1.0}, f"{shape.name} stream={stream}: {got}"
 
 
 # ---- llama-server's own behaviour, byte for byte -------------------------------------------------------
