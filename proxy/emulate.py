@@ -304,7 +304,8 @@ class Emulator:
             endpoint=endpoint,
             model=model if isinstance(model, str) else served[0],
             # Derived from the body: the same request gets the same id, so answers are reproducible.
-            rid=prefix[endpoint] + hashlib.sha256(raw).hexdigest()[:32],
+            # stream_options is left out, so a proxy that injects include_usage sees the same id.
+            rid=prefix[endpoint] + _request_digest(body),
             created=self._created(),
             prompts=prompts,
             max_tokens=self._max_tokens(body, names),
@@ -319,6 +320,11 @@ EMULATOR = web.AppKey("emulator", Emulator)
 
 
 # ---------------------------------------------------------------------------------------------------------
+def _request_digest(body: dict[str, Any]) -> str:
+    stable = {k: v for k, v in body.items() if k != "stream_options"}
+    return hashlib.sha256(orjson.dumps(stable, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+
+
 # Response bodies and streams (shapes follow vLLM's protocol.py, which follows the OpenAI API reference).
 
 
