@@ -213,6 +213,19 @@ def parse(endpoint: str, body: Any, parts_format: bool) -> ChatInput | PromptInp
     raise InvalidBody(f"unknown endpoint {endpoint!r}")
 
 
+def uncounted(endpoint: str, reason: str, detail: str) -> CountResult:
+    """A request that could not be counted at all (not a request, or the tokenizer failed)."""
+    return CountResult(
+        endpoint=str(endpoint),
+        bare=None,
+        templated=None,
+        expected_server=None,
+        method=NONE,
+        fallback_reason=reason,
+        detail=detail,
+    )
+
+
 def count_request(tok: Any, endpoint: str, body: Any) -> CountResult:
     """Count one parsed request body. Never raises."""
     template = template_of(tok)
@@ -220,26 +233,10 @@ def count_request(tok: Any, endpoint: str, body: Any) -> CountResult:
     try:
         inp = parse(endpoint, body, parts_format)
     except InvalidBody as exc:
-        return CountResult(
-            endpoint=str(endpoint),
-            bare=None,
-            templated=None,
-            expected_server=None,
-            method=NONE,
-            fallback_reason=INVALID_BODY,
-            detail=str(exc),
-        )
+        return uncounted(endpoint, INVALID_BODY, str(exc))
     try:
         if isinstance(inp, ChatInput):
             return count_chat(tok, inp, str(endpoint))
         return count_prompts(tok, inp, str(endpoint))
     except Exception as exc:
-        return CountResult(
-            endpoint=str(endpoint),
-            bare=None,
-            templated=None,
-            expected_server=None,
-            method=NONE,
-            fallback_reason=TOKENIZER_ERROR,
-            detail=type(exc).__name__,
-        )
+        return uncounted(endpoint, TOKENIZER_ERROR, type(exc).__name__)
