@@ -38,10 +38,10 @@ def tree(pid: int) -> list[int]:
     return out
 
 
-def cpu_seconds(pids: list[int]) -> float:
+def cpu_seconds(pids: list[int], children: bool = True) -> float:
     total = 0
     for root in pids:
-        for p in tree(root):
+        for p in tree(root) if children else [root]:
             try:
                 fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
                 total += int(fields[11]) + int(fields[12])  # utime, stime
@@ -80,6 +80,11 @@ async def counters(session: aiohttp.ClientSession, url: str | None) -> dict[str,
 class Target:
     def __init__(self, name: str, url: str, pids: list[int], metrics: str | None) -> None:
         self.name, self.url, self.pids, self.metrics = name, url + "/v1/chat/completions", pids, metrics
+        self.sent = 0  # running body index: each target sends each body at most once (no warm caches)
+
+    def next_index(self) -> int:
+        self.sent += 1
+        return self.sent - 1
 
 
 async def one(
@@ -109,8 +114,8 @@ async def closed_block(
 
     async def worker() -> None:
         nonlocal errors
-        for i in counter:
-            total, first, ok = await one(s, t.url, bodies[i % len(bodies)], stream)
+        for _ in counter:
+            total, first, ok = await one(s, t.url, bodies[t.next_index() % len(bodies)], stream)
             if ok:
                 lat.append(total)
                 ttfb.append(first)
@@ -132,7 +137,7 @@ async def open_block(
 
     async def send(i: int) -> None:
         nonlocal errors
-        total, _, ok = await one(s, t.url, bodies[i % len(bodies)], stream)
+        total, _, ok = await one(s, t.url, bodies[t.next_index() % len(bodies)], stream)
         if ok:
             lat.append(total)
         else:
@@ -169,6 +174,7 @@ async def run(cfg: dict[str, Any]) -> dict[str, Any]:
                 k = rep % len(targets)
                 for t in targets[k:] + targets[:k]:
                     c0, u0, m0 = cpu_seconds(t.pids), cpu_seconds(upstream_pids), await counters(s, t.metrics)
+                    main0 = cpu_seconds(t.pids, children=False)
                     w0 = time.perf_counter()
                     if phase["kind"] == "closed":
                         r = await closed_block(
@@ -184,6 +190,7 @@ async def run(cfg: dict[str, Any]) -> dict[str, Any]:
                         rep=rep,
                         wall=wall,
                         cpu=cpu_seconds(t.pids) - c0,
+                        main_cpu=cpu_seconds(t.pids, children=False) - main0,
                         upstream_cpu=cpu_seconds(upstream_pids) - u0,
                         rss_mb=rss_mb(t.pids),
                         counters={k2: m1.get(k2, 0.0) - m0.get(k2, 0.0) for k2 in m1},

@@ -121,4 +121,5 @@ def encode_body(body: dict[str, Any], stream: bool) -> bytes:
     """The exact bytes the load client sends (the replay upstream looks responses up by these bytes)."""
     import orjson
 
-    return orjson.dumps({**body, "stream": stream})
+    extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {"stream": False}
+    return orjson.dumps({**body, **extra})

@@ -29,6 +29,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from bench._client import tree
 from bench._common import (
     SHARED_TOKENIZERS,
     conversation,
@@ -38,9 +39,11 @@ from bench._common import (
     words_for_tokens,
     write_result,
 )
+from proxy.fastcount import FastCounter
 from proxy.tokenizer import load_tokenizer
 
-TARGETS = ("direct", "floor", "islwatch")
+TARGETS = ("direct", "floor", "islwatch", "variant")
+WARMUP = 40  # requests per target before the phases (bench/_client.py)
 
 
 def free_port() -> int:
@@ -85,12 +88,12 @@ def phases(quick: bool) -> list[dict[str, Any]]:
     scale = 0.25 if quick else 1.0
     out: list[dict[str, Any]] = []
     for stream in (False, True):
-        for conc, n, reps in ((1, 100, 6), (4, 200, 4), (32, 600, 3)):
+        for conc, n, reps in ((1, 100, 6), (4, 200, 4), (32, 600, 3)):  # 3,200 requests per target
             out.append({"name": f"c{conc}{'-stream' if stream else ''}", "kind": "closed", "concurrency": conc,
                         "requests": max(20, int(n * scale)), "stream": stream,
                         "reps": 2 if quick else reps})  # fmt: skip
     for rate in (100, 500, 1000):
-        out.append({"name": f"rate{rate}", "kind": "open", "rate": rate, "seconds": 1.5 if quick else 4,
+        out.append({"name": f"rate{rate}", "kind": "open", "rate": rate, "seconds": 1.0 if quick else 3,
                     "stream": False, "reps": 1})  # fmt: skip
     return out
 
@@ -99,13 +102,14 @@ def summarize(blocks: list[dict[str, Any]]) -> dict[str, Any]:
     by: dict[tuple[str, str], dict[str, Any]] = {}
     for b in blocks:
         agg = by.setdefault((b["phase"], b["target"]), {"lat": [], "late": [], "errors": 0, "wall": 0.0,
-                                                        "cpu": 0.0, "upstream_cpu": 0.0, "rss_mb": 0.0,
+                                                        "cpu": 0.0, "main_cpu": 0.0, "upstream_cpu": 0.0, "rss_mb": 0.0,
                                                         "dropped": 0.0, "analysed": 0.0, "offered": 0})  # fmt: skip
         agg["lat"] += b["lat"]
         agg["late"] += b["late"]
         agg["errors"] += b["errors"]
         agg["wall"] += b["wall"]
         agg["cpu"] += b["cpu"]
+        agg["main_cpu"] += b["main_cpu"]
         agg["upstream_cpu"] += b["upstream_cpu"]
         agg["rss_mb"] = max(agg["rss_mb"], b["rss_mb"])
         agg["dropped"] += b["counters"].get("islwatch_analysis_dropped_total", 0.0)
@@ -123,6 +127,7 @@ def summarize(blocks: list[dict[str, Any]]) -> dict[str, Any]:
             "offered": a["offered"],
             "send_late_p99_ms": pct(a["late"], 99) * 1e3 if a["late"] else None,
             "proxy_cpu_s_per_1000": a["cpu"] / n * 1000 if n else None,
+            "proxy_main_cpu_s_per_1000": a["main_cpu"] / n * 1000 if n else None,  # without worker processes
             "upstream_cpu_s_per_1000": a["upstream_cpu"] / n * 1000 if n else None,
             "rss_mb": a["rss_mb"],
             "analysis_dropped": a["dropped"],
@@ -132,18 +137,20 @@ def summarize(blocks: list[dict[str, Any]]) -> dict[str, Any]:
         d = targets.get("direct")
         if not d:
             continue
-        for name in ("floor", "islwatch"):
+        for name in TARGETS[1:]:
             t = targets.get(name)
             if t:
                 t["added_p50_ms"] = t["p50_ms"] - d["p50_ms"]
                 t["added_p99_ms"] = t["p99_ms"] - d["p99_ms"]
-        f, i = targets.get("floor"), targets.get("islwatch")
-        if f and i:
-            i["vs_floor"] = {
-                "added_p50": i["added_p50_ms"] / f["added_p50_ms"] if f["added_p50_ms"] > 0 else None,
-                "added_p99": i["added_p99_ms"] / f["added_p99_ms"] if f["added_p99_ms"] > 0 else None,
-                "rps": i["rps"] / f["rps"] if f["rps"] else None,
-            }
+        f = targets.get("floor")
+        for name in TARGETS[2:]:
+            i = targets.get(name)
+            if f and i:
+                i["vs_floor"] = {
+                    "added_p50": i["added_p50_ms"] / f["added_p50_ms"] if f["added_p50_ms"] > 0 else None,
+                    "added_p99": i["added_p99_ms"] / f["added_p99_ms"] if f["added_p99_ms"] > 0 else None,
+                    "rps": i["rps"] / f["rps"] if f["rps"] else None,
+                }
     return out
 
 
@@ -153,7 +160,7 @@ def fmt(x: Any, spec: str = "7.2f") -> str:
 
 def print_table(summary: dict[str, Any]) -> None:
     print(f"{'phase':14} {'target':9} {'n':>5} {'err':>4} {'p50 ms':>7} {'p99 ms':>7} {'+p50':>7} {'+p99':>7} "
-          f"{'rps':>7} {'cpu/1k':>7} {'rss MB':>7} {'drop':>6} {'x floor +p50/+p99/rps':>24}")  # fmt: skip
+          f"{'rps':>7} {'cpu/1k':>7} {'main':>5} {'rss MB':>7} {'drop':>6} {'x floor +p50/+p99/rps':>24}")  # fmt: skip
     for phase, targets in summary.items():
         for name in TARGETS:
             t = targets.get(name)
@@ -166,6 +173,7 @@ def print_table(summary: dict[str, Any]) -> None:
             print(f"{phase:14} {name:9} {t['requests']:5d} {t['errors']:4d} {fmt(t['p50_ms'])} {fmt(t['p99_ms'])} "
                   f"{fmt(t.get('added_p50_ms'))} {fmt(t.get('added_p99_ms'))} {fmt(t['rps'], '7.0f')} "
                   f"{fmt(t['proxy_cpu_s_per_1000'] if name != 'direct' else None)} "
+                  f"{fmt(t['proxy_main_cpu_s_per_1000'] if name != 'direct' else None, '5.2f')} "
                   f"{fmt(t['rss_mb'] if name != 'direct' else None, '7.0f')} {fmt(t['analysis_dropped'], '6.0f')} "
                   f"{ratio:>24}")  # fmt: skip
 
@@ -185,19 +193,61 @@ def verdicts(summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def record(upstream: str, bodies: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The emulator's response to every body, streaming and not, keyed by the request bytes' sha256."""
-    out: dict[str, dict[str, Any]] = {}
+def requests_per_target(plan: list[dict[str, Any]]) -> int:
+    closed = sum(ph["requests"] * ph.get("reps", 1) for ph in plan if ph["kind"] == "closed")
+    opened = sum(int(ph["rate"] * ph["seconds"]) * ph.get("reps", 1) for ph in plan if ph["kind"] == "open")
+    return WARMUP + closed + opened
+
+
+def post(url: str, data: bytes) -> tuple[bytes, str]:
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.read(), r.headers["Content-Type"]
+
+
+def _placeholders(event: str) -> str:
+    if not event.startswith("data: {"):
+        return event
+    obj = json.loads(event[6:])
+    if obj.get("usage"):
+        obj["usage"] = {**obj["usage"], "prompt_tokens": "__PROMPT__", "total_tokens": "__TOTAL__"}
+    return "data: " + json.dumps(obj, separators=(",", ":")) + "\n\n"
+
+
+def record(upstream: str, tok: Any, bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    """Answer templates recorded from the emulator, and each body's prompt count (checked against it)."""
+    url = upstream + "/v1/chat/completions"
+    counter = FastCounter(tok)  # equal to the emulator's apply_chat_template count (tests/test_fastcount.py)
+    prompt: dict[str, int] = {}
     for b in bodies:
+        n = counter.count("chat", b).templated
         for stream in (False, True):
-            data = encode_body(b, stream)
-            req = urllib.request.Request(upstream + "/v1/chat/completions", data=data,
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
-            with urllib.request.urlopen(req, timeout=30) as r:
-                raw, ctype = r.read().decode(), r.headers["Content-Type"]
-            chunks = [e + "\n\n" for e in raw.split("\n\n") if e] if stream else [raw]
-            out[hashlib.sha256(data).hexdigest()] = {"content_type": ctype, "chunks": chunks}
-    return out
+            prompt[hashlib.sha256(encode_body(b, stream)).hexdigest()] = n
+    for b in bodies[:5]:  # the emulator must agree, or the replayed usage would be wrong
+        raw, _ = post(url, encode_body(b, False))
+        server = json.loads(raw)["usage"]["prompt_tokens"]
+        ours = prompt[hashlib.sha256(encode_body(b, False)).hexdigest()]
+        if server != ours:
+            raise RuntimeError(f"emulator counts {server}, FastCounter {ours}: cannot replay exactly")
+    raw, _ = post(url, encode_body(bodies[0], False))
+    obj = json.loads(raw)
+    obj["usage"] = {**obj["usage"], "prompt_tokens": "__PROMPT__", "total_tokens": "__TOTAL__"}
+    raw_sse, _ = post(url, encode_body(bodies[0], True))
+    events = [e + "\n\n" for e in raw_sse.decode().split("\n\n") if e]
+    return {"json": json.dumps(obj, separators=(",", ":")), "sse": [_placeholders(e) for e in events],
+            "prompt_tokens": prompt}  # fmt: skip
+
+
+def renice_children(pid: int, niceness: int) -> int:
+    """Lower the priority of a proxy's analysis worker processes (the proposal measured by --nice-variant)."""
+    n = 0
+    for child in tree(pid)[1:]:
+        try:
+            os.setpriority(os.PRIO_PROCESS, child, niceness)
+            n += 1
+        except OSError:
+            continue
+    return n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,14 +260,23 @@ def main(argv: list[str] | None = None) -> int:
                    help="replay: the emulator's recorded responses (default; see bench/replay_upstream.py)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="fewer requests, one rep (a smoke run)")
     p.add_argument("--no-islwatch", action="store_true", help="direct vs floor only")
+    p.add_argument("--variant-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="add a second islwatch ('variant') with this environment variable (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--variant-nice", type=int, metavar="N", help="add a variant whose analysis workers run at nice N"
+    )
     p.add_argument("--islwatch-arg", action="append", default=[], help="extra `islwatch proxy` argument")
     args = p.parse_args(argv)
 
     tok = load_tokenizer(args.tokenizer).tokenizer
     rng = random.Random(3)
     words = words_for_tokens(tok, 1000, 1)
+    plan = phases(args.quick)
+    # Every request carries a new prompt: analysis caches never make the measured traffic cheaper.
+    n_bodies = requests_per_target(plan) if args.upstream == "replay" else 200
+    t_prep = time.perf_counter()
     bodies = [
-        {"model": "bench", "max_tokens": 16, "messages": conversation(rng, 1, words)} for _ in range(200)
+        {"model": "bench", "max_tokens": 16, "messages": conversation(rng, 1, words)} for _ in range(n_bodies)
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     islwatch = not args.no_islwatch
@@ -239,6 +298,13 @@ def main(argv: list[str] | None = None) -> int:
         emu = start(
             stack, [*cli, "emulate", "--tokenizer", args.tokenizer, "--listen", up[7:]], up + "/health", env
         )
+        if args.upstream == "replay":
+            rec_file = Path(tmp) / "recording.json"
+            rec_file.write_text(json.dumps(record(up, tok, bodies)))
+            print(f"prepared {len(bodies)} prompts in {time.perf_counter() - t_prep:.0f}s", file=sys.stderr)
+            up = f"http://127.0.0.1:{ports['replay']}"
+            emu = start(stack, [sys.executable, "-m", "bench.replay_upstream", "--recording", str(rec_file),
+                                "--listen", up[7:]], up + "/health", env)  # fmt: skip
         floor_url = f"http://127.0.0.1:{ports['floor']}"
         floor = start(stack, [sys.executable, "-m", "bench.floor_proxy", "--upstream", up, "--listen", floor_url[7:]],
                       floor_url + "/health", env)  # fmt: skip
@@ -254,8 +320,20 @@ def main(argv: list[str] | None = None) -> int:
                 [isl.pid],
                 admin + "/metrics",
             )
+        if islwatch and (args.variant_env or args.variant_nice is not None):
+            # A second islwatch, changed only by environment or worker priority: a proposal, measured A/B.
+            v_url, v_admin = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
+            v_env = {**env, **dict(kv.split("=", 1) for kv in args.variant_env)}
+            v = start(stack, [*cli, "proxy", "--upstream", up, "--listen", v_url[7:], "--admin", v_admin[7:],
+                              "--tokenizer", args.tokenizer, *args.islwatch_arg], v_admin + "/readyz", v_env)  # fmt: skip
+            if args.variant_nice is not None:
+                print(
+                    f"variant: {renice_children(v.pid, args.variant_nice)} worker processes reniced",
+                    file=sys.stderr,
+                )
+            targets["variant"], pids["variant"], metrics["variant"] = v_url, [v.pid], v_admin + "/metrics"
         cfg = {"targets": targets, "pids": pids, "metrics": metrics, "bodies": str(body_file),
-               "phases": phases(args.quick), "upstream_pids": [emu.pid]}  # fmt: skip
+               "phases": plan, "upstream_pids": [emu.pid]}  # fmt: skip
         cfg_file = Path(tmp) / "client.json"
         cfg_file.write_text(json.dumps(cfg))
         t0 = time.perf_counter()
@@ -274,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_result("proxy_overhead", {
         "machine": machine(), "tokenizer": args.tokenizer, "seconds": time.perf_counter() - t0,
         "islwatch_args": args.islwatch_arg, "upstream": args.upstream, "summary": summary, "targets_met": checks,
-        "phases": cfg["phases"], "body_tokens": "~1000 (1-turn chat), max_tokens 16",
+        "phases": plan, "variant": {"env": args.variant_env, "nice": args.variant_nice}, "body_tokens": "~1000 (1-turn chat), max_tokens 16",
     })  # fmt: skip
     print(f"wrote {path}")
     return 0
