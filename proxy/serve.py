@@ -21,7 +21,7 @@ log = logging.getLogger("islwatch.proxy")
 
 def configure(parser: argparse.ArgumentParser) -> None:
     # Every default is None so that an unset flag does not override the YAML file or the environment;
-    # the real defaults live in ProxyConfig (docs/proxy.md lists them).
+    # the real defaults live in ProxyConfig (the README lists them).
     a = parser.add_argument
     a("--config", help="YAML file with any of the keys below (ISLWATCH_CONFIG)")
     a("--upstream", help="base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8000 (required)")

@@ -2,7 +2,7 @@
 request before it tokenizes it, where that differs from the model's own template run by transformers.
 
 The divergences themselves live in proxy/flavor.py (islwatch's `--server-flavor llama.cpp`); each is one
-documented divergence (docs/interop.md, "Divergences"); the tests assert that
+documented divergence (the README (Tested against llama.cpp), "Divergences"); the tests assert that
 islwatch's count differs from llama-server's usage exactly where these functions change something, and that
 islwatch's counting core applied to the transformed request equals llama-server's usage. Pure functions.
 """

@@ -28,7 +28,6 @@ ALERTS_TEST = PROMETHEUS_DIR / "alerts_test.yml"
 K8S = REPO / "deploy" / "k8s"
 COMPOSE_DIR = REPO / "deploy" / "compose"
 DOCKERFILE = REPO / "Dockerfile"
-OPS_DOC = REPO / "docs" / "ops.md"
 README = REPO / "README.md"
 
 # Where scripts/install_prometheus.sh puts the binaries (same default, same variable).

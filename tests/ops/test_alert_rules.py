@@ -13,7 +13,6 @@ from opslib import (
     ALERTS_TEST,
     INSTALL_HINT,
     METRIC_NAME,
-    OPS_DOC,
     PROMETHEUS_DIR,
     README,
     alert_rules,
@@ -67,16 +66,7 @@ def test_annotations(rule: dict[str, Any]) -> None:
 @pytest.mark.parametrize("rule", RULES, ids=rule_id)
 def test_runbook_section_exists(rule: dict[str, Any]) -> None:
     anchor = rule["annotations"]["runbook_url"].split("#", 1)[1]
-    assert anchor in markdown_anchors(OPS_DOC.read_text()), f"docs/ops.md has no section for {rule['alert']}"
-
-
-def test_readme_has_the_runbook() -> None:
-    """The alerts link into the README; the lead merges docs/ops.md's runbook there."""
-    if not README.exists() or "islwatchtokendrift" not in markdown_anchors(README.read_text()):
-        pytest.skip("README.md has no runbook section yet (docs/ops.md is merged into it by the lead)")
-    anchors = markdown_anchors(README.read_text())
-    missing = [r["alert"] for r in RULES if r["annotations"]["runbook_url"].split("#", 1)[1] not in anchors]
-    assert not missing
+    assert anchor in markdown_anchors(README.read_text()), f"README.md has no runbook section for {rule['alert']}"
 
 
 @pytest.mark.parametrize("rule", RULES, ids=rule_id)
