@@ -320,12 +320,12 @@ def main(argv: list[str] | None = None) -> int:
                 [isl.pid],
                 admin + "/metrics",
             )
-        if islwatch and (args.variant_env or args.variant_nice is not None):
+        if islwatch and (args.variant_env or args.variant_nice is not None or args.variant_arg):
             # A second islwatch, changed only by environment or worker priority: a proposal, measured A/B.
             v_url, v_admin = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
             v_env = {**env, **dict(kv.split("=", 1) for kv in args.variant_env)}
             v = start(stack, [*cli, "proxy", "--upstream", up, "--listen", v_url[7:], "--admin", v_admin[7:],
-                              "--tokenizer", args.tokenizer, *args.islwatch_arg], v_admin + "/readyz", v_env)  # fmt: skip
+                              "--tokenizer", args.tokenizer, *args.islwatch_arg, *args.variant_arg], v_admin + "/readyz", v_env)  # fmt: skip
             if args.variant_nice is not None:
                 print(
                     f"variant: {renice_children(v.pid, args.variant_nice)} worker processes reniced",
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_result("proxy_overhead", {
         "machine": machine(), "tokenizer": args.tokenizer, "seconds": time.perf_counter() - t0,
         "islwatch_args": args.islwatch_arg, "upstream": args.upstream, "summary": summary, "targets_met": checks,
-        "phases": plan, "variant": {"env": args.variant_env, "nice": args.variant_nice}, "body_tokens": "~1000 (1-turn chat), max_tokens 16",
+        "phases": plan, "variant": {"env": args.variant_env, "nice": args.variant_nice, "args": args.variant_arg}, "body_tokens": "~1000 (1-turn chat), max_tokens 16",
     })  # fmt: skip
     print(f"wrote {path}")
     return 0
