@@ -53,6 +53,7 @@ from .count import (
 )
 from .extract import ChatInput, InvalidBody
 
+_PLAIN_KEYS = frozenset({"role", "content", "name"})
 DEFAULT_CACHE_ENTRIES = 65536  # ~100 bytes each: a few MB per tokenizer
 
 # Sample texts for the load-time checks: whitespace at the edges, runs of spaces and newlines, digits,
@@ -127,6 +128,7 @@ class FastCounter:
         self._pieces = _Lru(cache_entries)
         self._backend = _private_backend(tok)
         self._splitter: re.Pattern[str] | None = None
+        self._compiled, self._special_tokens = _compiled_template(tok, self._template)
         self.direct_proven = self._backend is not None and self._check_direct()
         self.reuse_proven = self.direct_proven and self._check_reuse()
 
@@ -193,7 +195,7 @@ class FastCounter:
             "messages": len(chat.messages),
         }
         try:
-            templated = self.templated(render_chat(self.tok, chat, tokenize=False))
+            templated = self.templated(self._render(chat))
         except Exception as exc:
             return CountResult(
                 templated=None,
@@ -204,6 +206,29 @@ class FastCounter:
                 **common,
             )
         return CountResult(templated=templated, expected_server=templated, method=CHAT_TEMPLATE, **common)
+
+    def _render(self, chat: ChatInput) -> str:
+        """The rendered prompt. Plain text messages skip apply_chat_template's per-call conversions (copies of
+        every message into plain data, None-key removal, reasoning-field aliases), which are identities for
+        them, and go straight to the template transformers compiled and cached (same object, same globals)."""
+        if (
+            self._compiled is None
+            or chat.tools
+            or chat.documents
+            or chat.template_kwargs
+            or chat.continue_final_message
+        ):
+            return render_chat(self.tok, chat, tokenize=False)
+        for m in chat.messages:
+            if not m.keys() <= _PLAIN_KEYS or not all(type(v) is str for v in m.values()):
+                return render_chat(self.tok, chat, tokenize=False)
+        return self._compiled.render(
+            messages=chat.messages,
+            tools=None,
+            documents=None,
+            add_generation_prompt=chat.add_generation_prompt,
+            **self._special_tokens,
+        )
 
     def bare(self, texts: Iterable[str]) -> int:
         texts = [t for t in texts if t]
@@ -294,6 +319,18 @@ class FastCounter:
             return all(self._split_count(s, probe) == n for s, n in zip(samples, full, strict=True))
         except Exception:
             return False
+
+
+def _compiled_template(tok: Any, template: str | None) -> tuple[Any, dict[str, Any]]:
+    """transformers' own compiled template and the special-token variables it renders with (a snapshot)."""
+    if template is None or not isinstance(getattr(tok, "chat_template", None), str):
+        return None, {}
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        return _compile_jinja_template(template), dict(tok.special_tokens_map)
+    except Exception:  # a private helper: if it moves, every request takes apply_chat_template
+        return None, {}
 
 
 def _private_backend(tok: Any) -> Tokenizer | None:

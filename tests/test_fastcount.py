@@ -136,6 +136,7 @@ def test_shared_tokenizers_are_proven(shared_family: str) -> None:
     fc = shared_counter(shared_family)
     assert fc.direct_proven
     assert fc.reuse_proven
+    assert fc._compiled is not None  # plain chats take the compiled-template shortcut
 
 
 def test_caches_hold_no_text() -> None:
@@ -237,3 +238,19 @@ def test_hypothesis_conversations(factory: Any, texts: list[str], system: str | 
     for k in range(1, len(messages) + 1):  # every prefix, in order: the multi-turn reuse path
         body = {"messages": messages[:k], "add_generation_prompt": gen}
         assert fc.count("chat", body) == count_request(fc.tok, "chat", body)
+
+
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_direct_render_is_apply_chat_template(counter: FastCounter, k: int) -> None:
+    """The compiled-template shortcut renders exactly the text apply_chat_template renders."""
+    from proxy.count import render_chat
+    from proxy.extract import chat_input
+
+    for gen in (True, False):
+        body = {"messages": turns(k, TEXTS), "add_generation_prompt": gen}
+        chat = chat_input(body, counter._parts_format)
+        try:
+            expected = render_chat(counter.tok, chat, tokenize=False)
+        except Exception:
+            continue  # a template that refuses the shape: nothing to compare
+        assert counter._render(chat) == expected
