@@ -66,7 +66,9 @@ def test_annotations(rule: dict[str, Any]) -> None:
 @pytest.mark.parametrize("rule", RULES, ids=rule_id)
 def test_runbook_section_exists(rule: dict[str, Any]) -> None:
     anchor = rule["annotations"]["runbook_url"].split("#", 1)[1]
-    assert anchor in markdown_anchors(README.read_text()), f"README.md has no runbook section for {rule['alert']}"
+    assert anchor in markdown_anchors(README.read_text()), (
+        f"README.md has no runbook section for {rule['alert']}"
+    )
 
 
 @pytest.mark.parametrize("rule", RULES, ids=rule_id)
