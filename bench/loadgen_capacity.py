@@ -6,7 +6,7 @@ runs open loop (constant arrivals) for a few seconds; a rate is held when every 
 achieved rate is within 3 % of the offered one, and p99 send lateness is at most 2 ms (issue 7's target:
 2,000 req/s at p99 lateness <= 2 ms). Where `aiperf` is on PATH, the same ladder runs against it.
 
-Usage: python -m bench.loadgen_capacity [--rates 500,1000,2000,3000] [--workers 1,2] [--quick]
+Usage: python -m bench.loadgen_capacity [--rates 500,1000,2000,3000,4000,6000] [--workers 1,2] [--quick]
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--tokenizer", default=str(default_tok) if default_tok.is_dir() else "builtin:mistral-v0.1"
     )
-    p.add_argument("--rates", default="500,1000,2000,3000")
+    p.add_argument("--rates", default="500,1000,2000,3000,4000,6000")
     p.add_argument("--workers", default="1,2", help="loadgen --workers values to try")
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--isl", type=int, default=200, help="templated tokens per request")

@@ -266,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         "--variant-nice", type=int, metavar="N", help="add a variant whose analysis workers run at nice N"
     )
     p.add_argument("--islwatch-arg", action="append", default=[], help="extra `islwatch proxy` argument")
+    p.add_argument("--variant-arg", action="append", default=[], metavar="ARG",
+                   help="add a variant with this extra `islwatch proxy` argument (e.g. --variant-arg=--analysis-queue=1)")  # fmt: skip
     args = p.parse_args(argv)
 
     tok = load_tokenizer(args.tokenizer).tokenizer
