@@ -39,7 +39,6 @@ from .count import (
     BARE_FALLBACK,
     CHAT_TEMPLATE,
     INVALID_BODY,
-    NONE,
     TEMPLATE_ERROR,
     TOKENIZER_ERROR,
     CountResult,
@@ -50,6 +49,7 @@ from .count import (
     parse,
     render_chat,
     template_of,
+    uncounted,
 )
 from .extract import ChatInput, InvalidBody
 
@@ -141,15 +141,7 @@ class FastCounter:
         try:
             inp = parse(endpoint, body, self._parts_format)
         except InvalidBody as exc:
-            return CountResult(
-                endpoint=str(endpoint),
-                bare=None,
-                templated=None,
-                expected_server=None,
-                method=NONE,
-                fallback_reason=INVALID_BODY,
-                detail=str(exc),
-            )
+            return uncounted(endpoint, INVALID_BODY, str(exc))
         try:
             if not isinstance(inp, ChatInput):
                 return count_prompts(self.tok, inp, str(endpoint))
@@ -157,15 +149,7 @@ class FastCounter:
                 return count_chat(self.tok, inp, str(endpoint))  # rare shapes: the reference path
             return self._count_chat(inp, str(endpoint))
         except Exception as exc:
-            return CountResult(
-                endpoint=str(endpoint),
-                bare=None,
-                templated=None,
-                expected_server=None,
-                method=NONE,
-                fallback_reason=TOKENIZER_ERROR,
-                detail=type(exc).__name__,
-            )
+            return uncounted(endpoint, TOKENIZER_ERROR, type(exc).__name__)
 
     def clear_caches(self) -> None:
         self._texts.clear()
