@@ -133,19 +133,24 @@ def render_chat(tok: Any, chat: ChatInput, tokenize: bool) -> Any:
     )
 
 
+def bare_result(chat: ChatInput, endpoint: str, bare: int) -> CountResult:
+    """A chat request counted without its template; the templated result replaces a few fields of it."""
+    return CountResult(
+        endpoint=endpoint,
+        bare=bare,
+        templated=None,
+        expected_server=bare,
+        method=BARE_FALLBACK,
+        media_parts=dict(chat.media),
+        tools=bool(chat.tools),
+        messages=len(chat.messages),
+    )
+
+
 def count_chat(tok: Any, chat: ChatInput, endpoint: str) -> CountResult:
-    bare = bare_count(tok, chat.texts)
-    common = {
-        "endpoint": endpoint,
-        "bare": bare,
-        "media_parts": dict(chat.media),
-        "tools": bool(chat.tools),
-        "messages": len(chat.messages),
-    }
+    fallback = bare_result(chat, endpoint, bare_count(tok, chat.texts))
     if template_of(tok) is None:
-        return CountResult(
-            templated=None, expected_server=bare, method=BARE_FALLBACK, fallback_reason=NO_TEMPLATE, **common
-        )
+        return replace(fallback, fallback_reason=NO_TEMPLATE)
     try:
         if chat.add_special_tokens:  # vLLM renders, then encodes with the special tokens on top
             rendered = render_chat(tok, chat, tokenize=False)
@@ -154,16 +159,9 @@ def count_chat(tok: Any, chat: ChatInput, endpoint: str) -> CountResult:
         else:
             templated = len(input_ids(render_chat(tok, chat, tokenize=True)))
             expected = templated
-    except Exception as exc:
-        return CountResult(
-            templated=None,
-            expected_server=bare,
-            method=BARE_FALLBACK,
-            fallback_reason=TEMPLATE_ERROR,
-            detail=type(exc).__name__,
-            **common,
-        )
-    return CountResult(templated=templated, expected_server=expected, method=CHAT_TEMPLATE, **common)
+    except Exception as exc:  # templates raise anything: TemplateError, TypeError, KeyError...
+        return replace(fallback, fallback_reason=TEMPLATE_ERROR, detail=type(exc).__name__)
+    return replace(fallback, templated=templated, expected_server=expected, method=CHAT_TEMPLATE)
 
 
 def _bos_text(tok: Any) -> str | None:

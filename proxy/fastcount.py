@@ -31,17 +31,18 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from tokenizers import Tokenizer
 
 from .count import (
-    BARE_FALLBACK,
     CHAT_TEMPLATE,
     INVALID_BODY,
     TEMPLATE_ERROR,
     TOKENIZER_ERROR,
     CountResult,
+    bare_result,
     count_chat,
     count_prompts,
     count_request,
@@ -170,26 +171,12 @@ class FastCounter:
     def _count_chat(self, chat: ChatInput, endpoint: str) -> CountResult:
         # Same shape and order as proxy.count.count_chat: a bare-count error escapes (tokenizer_error),
         # a render or encode error becomes template_error.
-        bare = self.bare(chat.texts)
-        common = {
-            "endpoint": endpoint,
-            "bare": bare,
-            "media_parts": dict(chat.media),
-            "tools": bool(chat.tools),
-            "messages": len(chat.messages),
-        }
+        fallback = bare_result(chat, endpoint, self.bare(chat.texts))
         try:
             templated = self.templated(self._render(chat))
         except Exception as exc:
-            return CountResult(
-                templated=None,
-                expected_server=bare,
-                method=BARE_FALLBACK,
-                fallback_reason=TEMPLATE_ERROR,
-                detail=type(exc).__name__,
-                **common,
-            )
-        return CountResult(templated=templated, expected_server=templated, method=CHAT_TEMPLATE, **common)
+            return replace(fallback, fallback_reason=TEMPLATE_ERROR, detail=type(exc).__name__)
+        return replace(fallback, templated=templated, expected_server=templated, method=CHAT_TEMPLATE)
 
     def _render(self, chat: ChatInput) -> str:
         """The rendered prompt. Plain text messages skip apply_chat_template's per-call conversions (copies of
