@@ -26,6 +26,7 @@ from proxy.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
 
 from .cli import run_loadgen, write_outputs
 from .config import LoadgenConfig
+from .markers import CacheBust
 
 READY_TIMEOUT_S = 180.0  # a first run converts the built-in vocabulary once
 
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
                 isl=args.isl,
                 osl=args.osl,
                 turns=args.turns,
-                cache_bust="first_turn_prefix",
+                cache_bust=CacheBust.FIRST_TURN_PREFIX,
                 concurrency=args.concurrency,
                 request_count=args.requests,
                 streaming=True,

@@ -281,7 +281,7 @@ class Engine:
         gen = arrivals(rate, c.arrival, f"{c.seed}/arrivals/{self.worker}", phase)
         if c.request_count is not None:
             return [next(gen) for _ in range(self._share(c.request_count))]
-        out = []
+        out: list[float] = []
         for t in gen:
             if t >= (c.duration or 0):
                 return out

@@ -78,8 +78,8 @@ def print_report(console: Console, r: LoadgenReport) -> None:
         total = int(sum(match.values()))
         exact = int(match.get("exact", 0))
         others = ", ".join(f"{k} {v:g}" for k, v in sorted(match.items()) if k != "exact")
-        rate = _pct(exact / total if total else None)
-        t.add_row("proxy's own match", "", f"{exact}/{total}", rate, others, "", "", "")
+        t.add_row("proxy's own match", "", f"{exact}/{total}", _pct(exact / total if total else None), others,
+                  "", "", "")  # fmt: skip
     console.print(t)
     if isl.budget_errors:
         console.print(

@@ -19,7 +19,6 @@ from .count import template_of
 from .parity import ParityReport, first_diff
 from .tokenizer import LoadedTokenizer
 
-FORMAT = "islwatch-parity-baseline"
 ChangeKind = Literal["template", "file", "version", "revision", "mode", "conversations", "ids"]
 
 
@@ -51,7 +50,7 @@ class ConversationRecord(_Frozen):
 
 
 class Baseline(_Frozen):
-    format: Literal["islwatch-parity-baseline"] = FORMAT
+    format: Literal["islwatch-parity-baseline"] = "islwatch-parity-baseline"
     version: Literal[1] = 1
     tokenizer: TokenizerRecord
     mode: ModeRecord

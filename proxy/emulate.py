@@ -297,7 +297,8 @@ class Emulator:
             Endpoint.RESPONSES: ("max_output_tokens",),
             Endpoint.EMBEDDINGS: (),
         }[endpoint]
-        options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+        raw_options = body.get("stream_options")
+        options: dict[str, Any] = raw_options if isinstance(raw_options, dict) else {}
         stream = bool(body.get("stream", False)) and endpoint != Endpoint.EMBEDDINGS
         prefix = {"chat": "chatcmpl-", "completions": "cmpl-", "embeddings": "embd-", "responses": "resp_"}
         return Plan(
