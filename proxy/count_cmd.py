@@ -10,16 +10,11 @@ import orjson
 from .count import INVALID_BODY, count_request
 from .extract import Endpoint
 from .flavor import FLAVORS, flavored_tokenizer, prepare_body
-from .tokenizer import TokenizerLoadError, load_tokenizer
+from .tokenizer import TokenizerLoadError, add_tokenizer_arguments, load_tokenizer
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--tokenizer", required=True, help="hub id, local folder or builtin:NAME, optionally @REVISION"
-    )
-    p.add_argument("--revision", help="hub revision (branch, tag or commit)")
-    p.add_argument("--chat-template", help="file whose text replaces the tokenizer's chat template")
-    p.add_argument("--trust-remote-code", action="store_true", help="allow tokenizer code from the hub")
+    add_tokenizer_arguments(p)
     p.add_argument("--endpoint", choices=[e.value for e in Endpoint], default=Endpoint.CHAT.value)
     p.add_argument(
         "--server-flavor",

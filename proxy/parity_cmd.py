@@ -33,7 +33,7 @@ from .parity import (
     RequestMode,
     check,
 )
-from .tokenizer import LoadedTokenizer, TokenizerLoadError, load_tokenizer
+from .tokenizer import LoadedTokenizer, TokenizerLoadError, add_tokenizer_arguments, load_tokenizer
 
 PROG = "islwatch parity"
 
@@ -43,12 +43,7 @@ class UsageError(Exception):
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--tokenizer", required=True, help="hub id, local folder or builtin:NAME, optionally @REVISION"
-    )
-    p.add_argument("--revision", help="hub revision (branch, tag or commit)")
-    p.add_argument("--chat-template", help="file whose text replaces the tokenizer's chat template")
-    p.add_argument("--trust-remote-code", action="store_true", help="allow tokenizer code from the hub")
+    add_tokenizer_arguments(p)
     p.add_argument(
         "--messages", help="JSON file: a list of conversations, each a list of OpenAI-style messages"
     )
