@@ -174,7 +174,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
                 endpoint,
                 ctx.max_body_bytes,
             )
-            metrics.bad_requests.labels(reason="body_too_large").inc()
+            metrics.child(metrics.bad_requests, "body_too_large").inc()
         else:
             data = body
             # 2. Note the model and the stream flag.
@@ -183,13 +183,13 @@ async def handle(request: web.Request) -> web.StreamResponse:
             else:
                 parsed, reason = _bad_body(body)
             if reason is not None:
-                metrics.bad_requests.labels(reason=reason).inc()
+                metrics.child(metrics.bad_requests, reason).inc()
                 ctx.problems(reason, "%s request not analysed (%d bytes)", endpoint, len(body))
             else:
                 route = route_model(parsed.get("model"), ctx.models, ctx.has_default_tokenizer)
                 model_label, tokenizer_key = route.label, route.tokenizer_key
                 if route.unknown:
-                    metrics.bad_requests.labels(reason="unknown_model").inc()
+                    metrics.child(metrics.bad_requests, "unknown_model").inc()
                     ctx.problems(
                         "unknown_model", "a model not in --model-tokenizer: counted as %r", model_label
                     )
@@ -225,7 +225,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         try:
             status = upstream.status
             if status >= 500:
-                metrics.upstream_errors.labels(kind="status_5xx").inc()
+                metrics.child(metrics.upstream_errors, "status_5xx").inc()
             analyse = analyse and 200 <= status < 300
             # 4. Prepare the client response: same status, reason and headers (minus hop-by-hop).
             response = web.StreamResponse(status=status, reason=upstream.reason)
@@ -259,7 +259,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         except (aiohttp.ClientPayloadError, aiohttp.ClientOSError, aiohttp.ServerDisconnectedError,
                 TimeoutError) as exc:  # fmt: skip
             kind = "timeout" if isinstance(exc, TimeoutError) else "reset"
-            metrics.upstream_errors.labels(kind=kind).inc()
+            metrics.child(metrics.upstream_errors, kind).inc()
             ctx.problems(
                 f"upstream_{kind}",
                 "upstream failed mid-response on %s (%s)",
@@ -281,7 +281,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
             await upstream_cm.__aexit__(None, None, None)
         return response
     except UpstreamFailed as exc:
-        metrics.upstream_errors.labels(kind=exc.kind).inc()
+        metrics.child(metrics.upstream_errors, exc.kind).inc()
         ctx.problems(
             f"upstream_{exc.kind}",
             "upstream %s failed for %s %s (%s)",
@@ -295,8 +295,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         return error_response(status, f"islwatch: upstream {exc.kind} error ({exc})", exc.kind)
     finally:
         # 6. Hand the record to analysis exactly once, whatever happened above.
-        metrics.requests.labels(model=model_label, endpoint=endpoint_label,
-                                status_class=status_class(status)).inc()  # fmt: skip
+        metrics.child(metrics.requests, model_label, endpoint_label, status_class(status)).inc()
         if analyse and endpoint is not None and tokenizer_key is not None:
             ctx.pool.submit(
                 AnalysisJob(

@@ -7,8 +7,9 @@ reasons and causes fixed sets. Ops dashboards and alerts are built on these name
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.platform_collector import PlatformCollector
@@ -63,6 +64,17 @@ class Metrics:
     parity_ok: Gauge
     build_info: Gauge
     registry: CollectorRegistry
+    # Labelled children by (metric, *label values): `.labels()` validates and locks on every call, and the
+    # request path needs several per request. Label values are bounded (module docstring), so is this.
+    _children: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)` (positional, in declaration order), cached. Never for removable series."""
+        key = (metric, *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
 
 def build_metrics(registry: CollectorRegistry, process_metrics: bool = True) -> Metrics:

@@ -4,21 +4,41 @@
 turns one `AnalysisJob` into an `AnalysisOutcome`: count the request, read the server's count, compare,
 name the drift cause, optionally dump a mismatch. No aiohttp and no prometheus_client here: metrics are
 updated by the main process from the outcome, because Prometheus counters live in one process.
+
+As a process (`python -m proxy.worker`, started by `proxy.analysis`): job frames arrive on one pipe, outcome
+lines leave on another (the protocol is in `proxy.records`); end of input (the parent closed the pipe or
+died) ends the worker, so a worker never outlives its proxy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
+import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import Any, BinaryIO
 
 import orjson
 
 from .count import INVALID_BODY, NO_TEMPLATE, CountResult, count_request
 from .flavor import flavored_tokenizer, prepare_body, reported_prompt_tokens
-from .records import DEFAULT_KEY, DEFAULT_LABEL, AnalysisJob, AnalysisOutcome, TokenizerReport
+from .records import (
+    DEFAULT_KEY,
+    DEFAULT_LABEL,
+    FRAME_HEAD,
+    NONE_LABEL,
+    OTHER_ENDPOINT,
+    READY,
+    AnalysisJob,
+    AnalysisOutcome,
+    TokenizerReport,
+    decode_job,
+    encode_outcome,
+)
 from .tokenizer import LoadedTokenizer, TokenizerLoadError, load_tokenizer
 from .usage import usage_from_json_bytes
 
@@ -30,7 +50,7 @@ _FALLBACKS_COUNTED = ("no_template", "template_error", "tokenizer_error")
 
 @dataclass(frozen=True)
 class AnalysisSpec:
-    """What a worker needs to load its state; picklable, so it can be sent to a spawned process."""
+    """What a worker needs to load its state; plain values, so it crosses to a worker process as JSON."""
 
     tokenizers: tuple[tuple[str, str], ...]  # (key, spec); key DEFAULT_KEY is the default tokenizer
     chat_template: str | None = None
@@ -193,23 +213,62 @@ class WorkerState:
         }
 
 
-# ---- process-mode entry points (module globals: one state per worker process) ----------------------------
-
-_STATE: WorkerState | None = None
+# ---- the worker process: `python -m proxy.worker JOB_FD OUT_FD DESCRIBE SPEC_JSON` -------------------------
 
 
-def init_process(spec: AnalysisSpec) -> None:
-    """ProcessPoolExecutor initializer: load the tokenizers once per worker process."""
-    global _STATE
+def spec_to_json(spec: AnalysisSpec) -> str:
+    return orjson.dumps(asdict(spec)).decode()
+
+
+def spec_from_json(text: str) -> AnalysisSpec:
+    fields = orjson.loads(text)
+    fields["tokenizers"] = tuple((str(k), str(v)) for k, v in fields["tokenizers"])
+    return AnalysisSpec(**fields)
+
+
+def serve_pipe(state: WorkerState, jobs: BinaryIO, out: BinaryIO) -> None:
+    """Analyse job frames from `jobs` until EOF (the parent closed the pipe, or died), one outcome line each."""
+    head_size = FRAME_HEAD.size
+    while True:
+        head = jobs.read(head_size)
+        if len(head) < head_size:
+            return
+        header_len, payload_len = FRAME_HEAD.unpack(head)
+        header = jobs.read(header_len)
+        payload = jobs.read(payload_len)
+        if len(header) < header_len or len(payload) < payload_len:
+            return
+        try:
+            job = decode_job(header, payload)
+        except Exception as exc:  # a framing bug must not kill the worker silently; the parent counts it
+            job_error = AnalysisOutcome(
+                OTHER_ENDPOINT, NONE_LABEL, 0.0, error=f"bad frame: {type(exc).__name__}"
+            )
+            out.write(encode_outcome(job_error))
+            out.flush()
+            continue
+        out.write(encode_outcome(state.analyze(job)))
+        out.flush()
+
+
+def main(argv: list[str]) -> int:
+    job_fd, out_fd, describe, spec_json = int(argv[0]), int(argv[1]), argv[2] == "1", argv[3]
+    # Ctrl-C reaches the whole process group: the parent decides when workers stop (by closing the pipe).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _STATE = WorkerState.load(spec)
+    # BrokenPipeError: the parent went away, there is nothing left to report to.
+    with (
+        contextlib.suppress(BrokenPipeError),
+        os.fdopen(job_fd, "rb", buffering=1 << 16) as jobs,
+        os.fdopen(out_fd, "wb") as out,
+    ):
+        state = WorkerState.load(spec_from_json(spec_json))
+        reports = [r.as_row() for r in state.describe()] if describe else None
+        out.write(orjson.dumps((READY, reports)) + b"\n")
+        out.flush()
+        serve_pipe(state, jobs, out)
+    return 0
 
 
-def describe_in_process() -> list[TokenizerReport]:
-    assert _STATE is not None, "init_process did not run"
-    return _STATE.describe()
-
-
-def analyze_in_process(job: AnalysisJob) -> AnalysisOutcome:
-    assert _STATE is not None, "init_process did not run"
-    return _STATE.analyze(job)
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
