@@ -330,7 +330,7 @@ class AnalysisPool:
         if worker.gone:
             return
         worker.gone = True
-        if worker.writer is not None:
+        if worker.writer is not None and not worker.writer.is_closing():
             worker.writer.abort()
         lost, worker.in_flight = worker.in_flight, 0
         if lost:
