@@ -14,9 +14,10 @@ NOTES = [
     "",
     "- Everything (client, upstream, proxies, analysis workers) shares the same 2 cores. Two things put "
     "islwatch's added latency above the floor's: its event-loop process does more CPU work per request than the "
-    "floor (the bracketed CPU figure; about 60 us of it is the ProcessPoolExecutor hand-off, measured apart), "
-    "and a saturated analysis worker (one core at 100 %) competes with it for the CPU. Closed-loop phases "
-    "always saturate analysis (the drop column); the open-loop 100 and 500 req/s rows are unsaturated.",
+    "floor (the bracketed CPU figure: relaying plus handing each request to analysis through a pipe and "
+    "applying the outcome to the metrics), and a saturated analysis worker (one core at 100 %) competes with "
+    "it for the CPU, which shows most in the concurrency-32 p99. Closed-loop phases always saturate analysis "
+    "(the drop column); the open-loop 100 and 500 req/s rows are unsaturated.",
     "- islwatch's CPU per request includes its analysis worker (~2 ms of CPU per new 1,000-token prompt on "
     "llama-3); the number in brackets is its main (event-loop) process alone, to compare with the floor.",
     "- RSS is summed over the process tree (main process + one analysis worker, each holding the tokenizer).",
@@ -129,7 +130,7 @@ def write_latest() -> Path:
         "# Latest benchmark figures",
         "",
         "Written by `python -m bench` from bench/results/*-latest.json. Every ratio compares contenders "
-        "measured in the same run, alternating. See the README, "Benchmarks", for what each benchmark does.",
+        'measured in the same run, alternating. See the README, "Benchmarks", for what each benchmark does.',
         "",
     ]
     for name, section in (
