@@ -349,6 +349,7 @@ class AnalysisPool:
         if expected:
             return
         self.worker_exits += 1
+        self.metrics.analysis_worker_exits.inc()
         log.error(
             "analysis worker %d exited unexpectedly (code %s); %d analyses lost; restarting it",
             worker.index, code, lost,

@@ -55,6 +55,7 @@ class Metrics:
     duplicate_bos_risk: Counter
     analysis_seconds: Histogram
     analysis_dropped: Counter
+    analysis_worker_exits: Counter
     analysis_queue_depth: Gauge
     fallback: Counter
     upstream_errors: Counter
@@ -120,6 +121,11 @@ def build_metrics(registry: CollectorRegistry, process_metrics: bool = True) -> 
         ),
         analysis_dropped=Counter(
             "islwatch_analysis_dropped", "Analyses dropped because the analysis queue was full", registry=r
+        ),
+        analysis_worker_exits=Counter(
+            "islwatch_analysis_worker_exits",
+            "Analysis worker processes that exited unexpectedly (each is restarted)",
+            registry=r,
         ),
         analysis_queue_depth=Gauge(
             "islwatch_analysis_queue_depth", "Analyses submitted and not yet finished", registry=r

@@ -149,6 +149,7 @@ async def test_worker_process_analyses_drops_when_full_and_survives_a_crash(buil
         done = _sample(metrics, "islwatch_analysis_seconds_count") - analysed
         lost = _sample(metrics, "islwatch_analysis_dropped_total") - dropped
         assert done + lost == 2
+        assert _sample(metrics, "islwatch_analysis_worker_exits_total") == 1
         await _until(lambda: _pids(pool) != [old_pid])
         assert not _alive(old_pid)  # reaped, not a zombie
         for _ in range(3):  # while the replacement loads, submissions queue (or drop, counted); never raise
