@@ -282,6 +282,21 @@ async def test_absolute_form_target_does_not_make_an_open_proxy(servers: Servers
     assert echo["path"] == "/steal?x=1"  # served by the configured upstream, whatever the target said
 
 
+async def server_tokens_counted(s: aiohttp.ClientSession, admin_url: str, before: dict) -> float:
+    """Wait for the next analysed server count; the server tokens it added."""
+    after = await wait_metrics(
+        s,
+        admin_url,
+        lambda m: (
+            value(m, "islwatch_isl_tokens_count", kind="server")
+            > value(before, "islwatch_isl_tokens_count", kind="server")
+        ),
+    )
+    return value(after, "islwatch_isl_tokens_sum", kind="server") - value(
+        before, "islwatch_isl_tokens_sum", kind="server"
+    )
+
+
 async def test_relays_chunk_by_chunk_not_buffered(servers: Servers) -> None:
     servers.bg.call(servers.state.gate.clear)
     async with aiohttp.ClientSession() as s:
@@ -296,19 +311,7 @@ async def test_relays_chunk_by_chunk_not_buffered(servers: Servers) -> None:
             servers.bg.call(servers.state.gate.set)
             rest = await r.read()
         assert rest.endswith(b"data: [DONE]\n\n")
-        after = await wait_metrics(
-            s,
-            servers.faults.admin_url,
-            lambda m: (
-                value(m, "islwatch_isl_tokens_count", kind="server")
-                > value(before, "islwatch_isl_tokens_count", kind="server")
-            ),
-        )
-        assert (
-            value(after, "islwatch_isl_tokens_sum", kind="server")
-            - value(before, "islwatch_isl_tokens_sum", kind="server")
-            == 7
-        )
+        assert await server_tokens_counted(s, servers.faults.admin_url, before) == 7
 
 
 async def test_inject_stream_usage_client_stream_unchanged(servers: Servers) -> None:
@@ -332,19 +335,7 @@ async def test_inject_stream_usage_client_stream_unchanged(servers: Servers) -> 
         assert direct == proxied and b'"usage"' not in proxied[2]
         sent = orjson.loads(servers.state.requests[-1]["body"])
         assert sent["stream_options"] == {"include_usage": True}  # asked upstream ...
-        after = await wait_metrics(
-            s,
-            servers.faults.admin_url,
-            lambda m: (
-                value(m, "islwatch_isl_tokens_count", kind="server")
-                > value(before, "islwatch_isl_tokens_count", kind="server")
-            ),
-        )
-        assert (
-            value(after, "islwatch_isl_tokens_sum", kind="server")
-            - value(before, "islwatch_isl_tokens_sum", kind="server")
-            == 12
-        )
+        assert await server_tokens_counted(s, servers.faults.admin_url, before) == 12
 
 
 async def test_inject_stream_usage_against_the_emulator(servers: Servers) -> None:
