@@ -18,7 +18,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from interop.llama_server_proc import ServerFailed, free_port, log_tail
+from interop.llama_server_proc import ServerFailed, free_port, log_tail, stop
 
 # A guard against a hung start, not a timing assertion.
 START_DEADLINE_SECONDS = 60.0
@@ -58,13 +58,7 @@ def running_proxy(
         wait_ready(proc, proxy)
         yield proxy
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
         log.close()
 
 
