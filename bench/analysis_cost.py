@@ -24,9 +24,9 @@ from typing import Any
 
 from bench._common import FAMILIES, SHARED_TOKENIZERS, machine, median, words_for_tokens, write_result
 from bench._common import conversation as make_conversation
-from proxy.count import count_request
-from proxy.fastcount import FastCounter
-from proxy.tokenizer import load_tokenizer
+from proxy.core.count import count_request
+from proxy.core.fastcount import FastCounter
+from proxy.core.tokenizer import load_tokenizer
 
 TARGET_RATIO = 1.2
 

@@ -39,8 +39,8 @@ from bench._common import (
     words_for_tokens,
     write_result,
 )
-from proxy.fastcount import FastCounter
-from proxy.tokenizer import load_tokenizer
+from proxy.core.fastcount import FastCounter
+from proxy.core.tokenizer import load_tokenizer
 
 TARGETS = ("direct", "floor", "islwatch", "variant")
 WARMUP = 40  # requests per target before the phases (bench/_client.py)
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     islwatch = not args.no_islwatch
     if islwatch:
         try:
-            import proxy.serve  # noqa: F401
+            import proxy.cli.proxy  # noqa: F401
         except ImportError:
             print(
                 "islwatch proxy (proxy.serve) not built yet: measuring direct vs floor only", file=sys.stderr

@@ -12,7 +12,7 @@ import orjson
 from pydantic import ValidationError
 from rich.console import Console
 
-from proxy.tokenizer import DEFAULT_TOKENIZER, TokenizerLoadError
+from proxy.core.tokenizer import DEFAULT_TOKENIZER, TokenizerLoadError
 
 from .config import LoadgenConfig
 from .markers import CacheBust

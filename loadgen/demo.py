@@ -22,7 +22,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from proxy.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
+from proxy.core.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
 
 from .cli import run_loadgen, write_outputs
 from .config import LoadgenConfig

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from proxy.tokenizer import LoadedTokenizer, load_tokenizer
+from proxy.core.tokenizer import LoadedTokenizer, load_tokenizer
 
 from . import proxymetrics
 from .config import LoadgenConfig

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from proxy.count import count_request, encode_len
+from proxy.core.count import count_request, encode_len
 
 from .budget import Fit, Overhead, fit_text, solve_overhead
 from .config import LoadgenConfig

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from proxy.tokenizer import LoadedTokenizer, load_tokenizer
+from proxy.core.tokenizer import LoadedTokenizer, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("ISLWATCH_SHARED", REPO.parent / "shared"))

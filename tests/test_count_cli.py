@@ -11,7 +11,7 @@ import pytest
 from builders import save_tokenizer
 from conftest import FAMILIES, shared_dir
 
-from proxy.tokenizer import load_tokenizer
+from proxy.core.tokenizer import load_tokenizer
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
 

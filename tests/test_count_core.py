@@ -9,7 +9,7 @@ import pytest
 from builders import build_tokenizer
 from conftest import load_builtin
 
-from proxy.count import (
+from proxy.core.count import (
     BARE_FALLBACK,
     CHAT_TEMPLATE,
     INVALID_BODY,
@@ -20,7 +20,7 @@ from proxy.count import (
     count_request,
     iterates_content_parts,
 )
-from proxy.extract import chat_input
+from proxy.core.extract import chat_input
 
 
 def independent_chat_ids(tok: Any, messages: list[dict[str, Any]], **kw: Any) -> list[int]:

@@ -8,8 +8,8 @@ from builders import build_tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.count import CountResult, count_request
-from proxy.extract import Endpoint
+from proxy.core.count import CountResult, count_request
+from proxy.core.extract import Endpoint
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),

@@ -14,8 +14,8 @@ import pytest
 from builders import build_tokenizer
 from conftest import load_shared
 
-from proxy import diagnose as d
-from proxy.count import CountResult, count_request
+from proxy.core import diagnose as d
+from proxy.core.count import CountResult, count_request
 
 PROFILE = d.DriftProfile(
     has_template=True,

@@ -20,12 +20,12 @@ from builders import save_tokenizer
 from conftest import shared_dir
 from prometheus_client import CollectorRegistry
 
-from proxy import diagnose as d
-from proxy.app import run_proxy
-from proxy.config import ProxyConfig
-from proxy.emulate import EmulatorConfig, start_emulator
-from proxy.emulate_faults import parse_faults
-from proxy.tokenizer import load_tokenizer
+from proxy.core import diagnose as d
+from proxy.core.tokenizer import load_tokenizer
+from proxy.emulator.app import EmulatorConfig, start_emulator
+from proxy.emulator.faults import parse_faults
+from proxy.server.app import run_proxy
+from proxy.server.config import ProxyConfig
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 IMAGE = [

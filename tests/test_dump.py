@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.dump import MismatchDumper
+from proxy.server.dump import MismatchDumper
 
 
 def mode(path: Path) -> int:

@@ -18,8 +18,8 @@ from builders import build_tokenizer
 from conftest import FAMILIES, REPO, load_builtin, load_shared
 
 from proxy.cli import main as cli_main
-from proxy.emulate import NO_TEMPLATE_JOIN, EmulatorConfig, build_emulator_app
-from proxy.emulate_faults import Faults, parse_duration, parse_faults
+from proxy.emulator.app import NO_TEMPLATE_JOIN, EmulatorConfig, build_emulator_app
+from proxy.emulator.faults import Faults, parse_duration, parse_faults
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 THREE = [
@@ -522,7 +522,7 @@ async def test_openai_client(aiohttp_server: Any) -> None:
 
 
 def test_embedding_base64_is_float32() -> None:
-    from proxy.emulate import _embedding
+    from proxy.emulator.app import _embedding
 
     encoded = _embedding(4, "base64")
     assert isinstance(encoded, str)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.count import count_request
-from proxy.fastcount import FastCounter
+from proxy.core.count import count_request
+from proxy.core.fastcount import FastCounter
 from tests.builders import SPECIALS, TEMPLATES, build_tokenizer
 from tests.conftest import FAMILIES, load_builtin, load_shared
 
@@ -243,8 +243,8 @@ def test_hypothesis_conversations(factory: Any, texts: list[str], system: str | 
 @pytest.mark.parametrize("k", [1, 2, 5])
 def test_direct_render_is_apply_chat_template(counter: FastCounter, k: int) -> None:
     """The compiled-template shortcut renders exactly the text apply_chat_template renders."""
-    from proxy.count import render_chat
-    from proxy.extract import chat_input
+    from proxy.core.count import render_chat
+    from proxy.core.extract import chat_input
 
     for gen in (True, False):
         body = {"messages": turns(k, TEXTS), "add_generation_prompt": gen}

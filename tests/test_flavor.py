@@ -7,15 +7,15 @@ import json
 from builders import build_tokenizer
 from conftest import load_shared
 
-from proxy.count import count_request
-from proxy.flavor import (
+from proxy.core.count import count_request
+from proxy.core.flavor import (
     cpp_number,
     flavored_tokenizer,
     llama_cpp_chat_body,
     prepare_body,
     reported_prompt_tokens,
 )
-from proxy.usage import SSEUsageParser
+from proxy.core.usage import SSEUsageParser
 
 PREFILL = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]}
 

@@ -19,10 +19,10 @@ from builders import build_tokenizer, save_tokenizer
 from conftest import FAMILIES, load_builtin, load_shared, shared_dir
 from transformers import PreTrainedTokenizerFast
 
-from proxy import baseline as bl
-from proxy import parity as p
 from proxy.cli import main
-from proxy.tokenizer import load_tokenizer
+from proxy.core.tokenizer import load_tokenizer
+from proxy.parity import baseline as bl
+from proxy.parity import gate as p
 
 BUILT = ["chatml", "llama3", "inst", "parts"]
 # Tokenizers whose plain encode adds BOS: an extra special-token pass must differ there.

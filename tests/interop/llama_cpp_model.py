@@ -13,10 +13,10 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from proxy.count import iterates_content_parts, render_chat, template_of
-from proxy.extract import chat_input, prompt_input
-from proxy.flavor import llama_cpp_chat_body
-from proxy.flavor import unnormalized as _unnormalized
+from proxy.core.count import iterates_content_parts, render_chat, template_of
+from proxy.core.extract import chat_input, prompt_input
+from proxy.core.flavor import llama_cpp_chat_body
+from proxy.core.flavor import unnormalized as _unnormalized
 
 
 def unnormalized(tok: Any) -> Tokenizer:

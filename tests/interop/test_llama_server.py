@@ -23,7 +23,7 @@ from interop.llama_cpp_model import (
     unnormalized,
 )
 from interop.llama_server_proc import LlamaServer
-from proxy.count import count_request
+from proxy.core.count import count_request
 
 pytestmark = pytest.mark.llama_server
 

@@ -39,7 +39,6 @@ pytestmark = pytest.mark.llama_server
 def llama_proxy(
     request: pytest.FixtureRequest, llama_server: LlamaServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Proxy]:
-    pytest.importorskip("proxy.serve", reason="`islwatch proxy` (proxy/serve.py) is not in this tree yet")
     tokenizer = str(request.getfixturevalue("family_tokenizer").name_or_path)
     log_path = tmp_path_factory.mktemp("islwatch-proxy") / f"{llama_server.family}.log"
     with running_proxy(llama_server.base_url, tokenizer, log_path) as proxy:
@@ -193,7 +192,6 @@ def test_loading_503_passes_through(
 ) -> None:
     """A fresh llama-server behind a fresh proxy: while the model loads, clients see the server's own 503
     (one model is enough: the loading phase is the server's, not the model's)."""
-    pytest.importorskip("proxy.serve", reason="`islwatch proxy` (proxy/serve.py) is not in this tree yet")
     port = free_port()
     gguf = llama_servers[QWEN].gguf
     # /health is not analysed; the offline built-in tokenizer keeps the proxy's start-up short.

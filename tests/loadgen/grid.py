@@ -12,7 +12,7 @@ from typing import Any
 from loadgen.config import LoadgenConfig
 from loadgen.markers import CacheBust
 from loadgen.workload import Request, Workload
-from proxy.count import count_request
+from proxy.core.count import count_request
 
 ISLS = (16, 128, 1000)
 BIG_ISL = 8000

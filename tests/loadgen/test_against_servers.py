@@ -17,7 +17,7 @@ from loadgen import proxymetrics
 from loadgen.config import LoadgenConfig
 from loadgen.runner import Engine, Record
 from loadgen.workload import Workload
-from proxy.emulate import EmulatorConfig, start_emulator
+from proxy.emulator.app import EmulatorConfig, start_emulator
 from tests.builders import build_tokenizer
 from tests.conftest import load_builtin, load_shared
 
@@ -116,8 +116,8 @@ async def test_shared_family_against_emulator(shared_family: str) -> None:
 
 
 async def test_through_the_proxy(mistral_emulator: str) -> None:
-    from proxy.app import run_proxy
-    from proxy.config import ProxyConfig
+    from proxy.server.app import run_proxy
+    from proxy.server.config import ProxyConfig
 
     config = ProxyConfig(
         upstream=mistral_emulator, listen="127.0.0.1:0", admin="127.0.0.1:0", analysis_mode="thread"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from proxy.config import FIELDS, ProxyConfig, load_config
+from proxy.server.config import FIELDS, ProxyConfig, load_config
 
 ADMIN_PATHS = ("/metrics", "/healthz", "/readyz")
 
@@ -24,7 +24,7 @@ def check_proxy_config(text: str, tmp_path: Path, env: dict[str, str] | None = N
 
 def admin_routes(config: ProxyConfig) -> set[tuple[str, str]]:
     """(method, path) of every route the proxy's admin app serves, from the real app (not started)."""
-    from proxy.app import build_apps
+    from proxy.server.app import build_apps
 
     _, admin = build_apps(config)
     return {(route.method, route.resource.canonical) for route in admin.router.routes() if route.resource}

@@ -6,11 +6,13 @@ No Docker engine runs on these machines, so the image is never built here; what 
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 import json
 import re
 import shlex
 import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from opslib import DOCKERFILE, README, REPO
@@ -95,8 +97,9 @@ def test_entrypoint_is_the_console_script() -> None:
     assert json.loads(entrypoint) == ["islwatch"]
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     module, func = scripts["islwatch"].split(":")
-    assert (REPO / (module.replace(".", "/") + ".py")).is_file()
-    assert f"def {func}(" in (REPO / (module.replace(".", "/") + ".py")).read_text()
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None
+    assert f"def {func}(" in Path(spec.origin).read_text()
     (cmd,) = final("CMD")
     assert json.loads(cmd)[0] == "proxy"
     from proxy.cli import build_parser
@@ -110,7 +113,7 @@ def test_healthcheck_on_healthz() -> None:
     assert "ISLWATCH_HEALTHCHECK_URL=http://127.0.0.1:9100/healthz" in env
     assert "ISLWATCH_HEALTHCHECK_URL" in check and "CMD" in check
     # The proxy's default admin address is where the healthcheck looks.
-    from proxy.config import ProxyConfig
+    from proxy.server.config import ProxyConfig
 
     assert ProxyConfig.model_fields["admin"].default.endswith(":9100")
     from deploylib import admin_routes

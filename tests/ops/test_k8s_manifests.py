@@ -10,7 +10,7 @@ import yaml
 from deploylib import ADMIN_PATHS, admin_routes, check_proxy_config
 from opslib import K8S
 
-from proxy.config import ProxyConfig
+from proxy.server.config import ProxyConfig
 
 
 def load(name: str) -> dict[str, Any]:

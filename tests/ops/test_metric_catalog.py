@@ -5,7 +5,7 @@ from __future__ import annotations
 from opslib import HISTOGRAMS, METRIC_LABELS, NO_SUM
 from prometheus_client import CollectorRegistry
 
-from proxy.metrics import build_metrics
+from proxy.server.metrics import build_metrics
 
 
 def exported() -> dict[str, tuple[str, frozenset[str]]]:

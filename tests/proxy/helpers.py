@@ -22,7 +22,7 @@ import orjson
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.config import ProxyConfig, load_config
+from proxy.server.config import ProxyConfig, load_config
 
 T = TypeVar("T")
 FIXED_DATE = "Mon, 30 Nov 2026 12:00:00 GMT"  # so direct and proxied answers are byte-identical

@@ -18,10 +18,10 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from proxy.analysis import AnalysisPool
-from proxy.count import count_request
-from proxy.metrics import Metrics, build_metrics
-from proxy.records import (
+from proxy.core.count import count_request
+from proxy.server.metrics import Metrics, build_metrics
+from proxy.server.pool import AnalysisPool
+from proxy.server.records import (
     DEFAULT_KEY,
     FRAME_HEAD,
     AnalysisJob,
@@ -31,7 +31,7 @@ from proxy.records import (
     encode_job,
     encode_outcome,
 )
-from proxy.worker import AnalysisSpec, spec_from_json, spec_to_json
+from proxy.server.worker import AnalysisSpec, spec_from_json, spec_to_json
 from tests.builders import build_tokenizer, save_tokenizer
 
 CHAT = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hello there, worker"}]}

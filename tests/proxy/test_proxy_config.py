@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from proxy.config import ConfigError, load_config, parse_model_tokenizers
-from proxy.records import DEFAULT_LABEL, OTHER_LABEL, route_model
+from proxy.server.config import ConfigError, load_config, parse_model_tokenizers
+from proxy.server.records import DEFAULT_LABEL, OTHER_LABEL, route_model
 
 
 def test_precedence_flags_env_yaml_defaults(tmp_path) -> None:

@@ -20,11 +20,11 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from proxy.analysis import AnalysisPool
-from proxy.emulate import EmulatorConfig, build_emulator_app
-from proxy.metrics import build_metrics
-from proxy.records import AnalysisJob
-from proxy.worker import AnalysisSpec
+from proxy.emulator.app import EmulatorConfig, build_emulator_app
+from proxy.server.metrics import build_metrics
+from proxy.server.pool import AnalysisPool
+from proxy.server.records import AnalysisJob
+from proxy.server.worker import AnalysisSpec
 from tests.builders import save_tokenizer
 from tests.conftest import load_builtin
 from tests.proxy.helpers import Background, fetch_metrics, serve_app, value, wait_metrics

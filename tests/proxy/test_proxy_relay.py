@@ -19,8 +19,8 @@ import orjson
 import pytest
 from yarl import URL
 
-from proxy.app import run_proxy
-from proxy.emulate import EmulatorConfig, build_emulator_app
+from proxy.emulator.app import EmulatorConfig, build_emulator_app
+from proxy.server.app import run_proxy
 from tests.conftest import load_builtin
 from tests.proxy.helpers import (
     MODE_HEADER,

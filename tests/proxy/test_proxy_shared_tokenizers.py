@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import aiohttp
 
-from proxy.app import run_proxy
-from proxy.emulate import EmulatorConfig, build_emulator_app
+from proxy.emulator.app import EmulatorConfig, build_emulator_app
+from proxy.server.app import run_proxy
 from tests.conftest import load_shared, shared_dir
 from tests.proxy.helpers import proxy_config, serve_app, settled, value, wait_metrics
 

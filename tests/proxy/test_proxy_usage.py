@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.usage import SSEUsageParser, SSEUsageStripper, Usage, usage_from_json_bytes, usage_of
+from proxy.core.usage import SSEUsageParser, SSEUsageStripper, Usage, usage_from_json_bytes, usage_of
 from tests.proxy.helpers import load_recorded, recorded_fixtures, sse_events
 
 FIXTURES = recorded_fixtures()

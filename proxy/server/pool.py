@@ -30,8 +30,8 @@ from typing import Any
 
 import orjson
 
-from .metrics import Metrics
-from .records import (
+from proxy.server.metrics import Metrics
+from proxy.server.records import (
     OUTCOME,
     READY,
     AnalysisJob,
@@ -41,7 +41,7 @@ from .records import (
     decode_outcome,
     encode_job,
 )
-from .worker import AnalysisSpec, WorkerState, spec_to_json
+from proxy.server.worker import AnalysisSpec, WorkerState, spec_to_json
 
 log = logging.getLogger("islwatch.analysis")
 
@@ -50,9 +50,7 @@ MAX_PENDING_BYTES = 32 << 20
 STOP_SECONDS = 3.0  # a retiring worker gets this long to finish its queue before it is terminated
 # The worker runs the parent's own copy of the package, whatever the working directory holds.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
-_WORKER_MAIN = (
-    "import sys; sys.path.insert(0, sys.argv[1]); from proxy.worker import main; sys.exit(main(sys.argv[2:]))"
-)
+_WORKER_MAIN = "import sys; sys.path.insert(0, sys.argv[1]); from proxy.server.worker import main; sys.exit(main(sys.argv[2:]))"
 
 
 class _Backend:

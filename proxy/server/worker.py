@@ -24,9 +24,11 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from .count import INVALID_BODY, NO_TEMPLATE, CountResult, count_request
-from .flavor import flavored_tokenizer, prepare_body, reported_prompt_tokens
-from .records import (
+from proxy.core.count import INVALID_BODY, NO_TEMPLATE, CountResult, count_request
+from proxy.core.flavor import flavored_tokenizer, prepare_body, reported_prompt_tokens
+from proxy.core.tokenizer import LoadedTokenizer, TokenizerLoadError, load_tokenizer
+from proxy.core.usage import usage_from_json_bytes
+from proxy.server.records import (
     DEFAULT_KEY,
     DEFAULT_LABEL,
     FRAME_HEAD,
@@ -39,8 +41,6 @@ from .records import (
     decode_job,
     encode_outcome,
 )
-from .tokenizer import LoadedTokenizer, TokenizerLoadError, load_tokenizer
-from .usage import usage_from_json_bytes
 
 log = logging.getLogger("islwatch.analysis")
 
@@ -65,7 +65,14 @@ def _optional(module: str) -> Any:
     import importlib
 
     try:
-        return importlib.import_module(f"proxy.{module}")
+        return importlib.import_module(
+            {
+                "fastcount": "proxy.core.fastcount",
+                "diagnose": "proxy.core.diagnose",
+                "dump": "proxy.server.dump",
+                "parity": "proxy.parity.gate",
+            }[module]
+        )
     except ImportError:
         return None
 

@@ -13,8 +13,8 @@ import signal
 import sys
 from typing import Any
 
-from .app import reload_tokenizers, start_runners
-from .config import ConfigError, ProxyConfig, load_config, parse_model_tokenizers
+from proxy.server.app import reload_tokenizers, start_runners
+from proxy.server.config import ConfigError, ProxyConfig, load_config, parse_model_tokenizers
 
 log = logging.getLogger("islwatch.proxy")
 

@@ -14,7 +14,7 @@ from typing import Any
 import jinja2
 from jinja2 import nodes
 
-from .extract import (
+from proxy.core.extract import (
     ChatInput,
     Endpoint,
     InvalidBody,

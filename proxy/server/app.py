@@ -17,12 +17,12 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from .analysis import AnalysisPool
-from .config import ProxyConfig
-from .handler import CONTEXT, SESSION, ProxyContext, handle
-from .metrics import Metrics, build_metrics
-from .records import DEFAULT_KEY, ProblemLog
-from .worker import AnalysisSpec
+from proxy.server.config import ProxyConfig
+from proxy.server.handler import CONTEXT, SESSION, ProxyContext, handle
+from proxy.server.metrics import Metrics, build_metrics
+from proxy.server.pool import AnalysisPool
+from proxy.server.records import DEFAULT_KEY, ProblemLog
+from proxy.server.worker import AnalysisSpec
 
 log = logging.getLogger("islwatch.proxy")
 

@@ -34,10 +34,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .count import iterates_content_parts, template_of
-from .emulate_faults import Faults, parse_faults
-from .extract import ChatInput, Endpoint, InvalidBody, chat_input, prompt_input, responses_input
-from .tokenizer import DEFAULT_TOKENIZER, LoadedTokenizer, TokenizerLoadError, load_tokenizer
+from proxy.core.count import iterates_content_parts, template_of
+from proxy.core.extract import ChatInput, Endpoint, InvalidBody, chat_input, prompt_input, responses_input
+from proxy.core.tokenizer import DEFAULT_TOKENIZER, LoadedTokenizer, TokenizerLoadError, load_tokenizer
+from proxy.emulator.faults import Faults, parse_faults
 
 log = logging.getLogger("islwatch.emulate")
 

@@ -15,9 +15,9 @@ from typing import Literal
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from .count import template_of
-from .parity import ParityReport, first_diff
-from .tokenizer import LoadedTokenizer
+from proxy.core.count import template_of
+from proxy.core.tokenizer import LoadedTokenizer
+from proxy.parity.gate import ParityReport, first_diff
 
 ChangeKind = Literal["template", "file", "version", "revision", "mode", "conversations", "ids"]
 

@@ -9,10 +9,10 @@ import sys
 
 # name -> (module, help). Each module has `configure(parser)` and `run(args) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "count": ("proxy.count_cmd", "count the ISL of one request body"),
-    "proxy": ("proxy.serve", "run the sidecar proxy"),
-    "emulate": ("proxy.emulate", "run an OpenAI-compatible upstream emulator with fault switches"),
-    "parity": ("proxy.parity_cmd", "serialization parity gate for a tokenizer"),
+    "count": ("proxy.cli.count", "count the ISL of one request body"),
+    "proxy": ("proxy.cli.proxy", "run the sidecar proxy"),
+    "emulate": ("proxy.emulator.app", "run an OpenAI-compatible upstream emulator with fault switches"),
+    "parity": ("proxy.cli.parity", "serialization parity gate for a tokenizer"),
     "loadgen": ("loadgen.cli", "send exactly budgeted synthetic traffic"),
     "demo": ("loadgen.demo", "emulator + proxy + loadgen on an offline tokenizer"),
 }

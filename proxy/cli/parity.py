@@ -18,9 +18,10 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from . import baseline as bl
-from .count import template_of
-from .parity import (
+from proxy.core.count import template_of
+from proxy.core.tokenizer import LoadedTokenizer, TokenizerLoadError, add_tokenizer_arguments, load_tokenizer
+from proxy.parity import baseline as bl
+from proxy.parity.gate import (
     DIRECT,
     NEGATIVE_CONTROLS,
     SERVING_PATHS,
@@ -33,7 +34,6 @@ from .parity import (
     RequestMode,
     check,
 )
-from .tokenizer import LoadedTokenizer, TokenizerLoadError, add_tokenizer_arguments, load_tokenizer
 
 PROG = "islwatch parity"
 

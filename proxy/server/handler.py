@@ -19,10 +19,10 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy, istr
 from yarl import URL
 
-from .analysis import AnalysisPool
-from .metrics import Metrics, status_class
-from .records import NONE_LABEL, OTHER_ENDPOINT, AnalysisJob, ProblemLog, route_model
-from .usage import SSEUsageParser, SSEUsageStripper
+from proxy.core.usage import SSEUsageParser, SSEUsageStripper
+from proxy.server.metrics import Metrics, status_class
+from proxy.server.pool import AnalysisPool
+from proxy.server.records import NONE_LABEL, OTHER_ENDPOINT, AnalysisJob, ProblemLog, route_model
 
 log = logging.getLogger("islwatch.proxy")
 

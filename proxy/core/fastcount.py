@@ -36,7 +36,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from .count import (
+from proxy.core.count import (
     CHAT_TEMPLATE,
     INVALID_BODY,
     TEMPLATE_ERROR,
@@ -52,7 +52,7 @@ from .count import (
     template_of,
     uncounted,
 )
-from .extract import ChatInput, InvalidBody
+from proxy.core.extract import ChatInput, InvalidBody
 
 _PLAIN_KEYS = frozenset({"role", "content", "name"})
 DEFAULT_CACHE_ENTRIES = 65536  # ~100 bytes each: a few MB per tokenizer

@@ -7,10 +7,10 @@ import sys
 
 import orjson
 
-from .count import INVALID_BODY, count_request
-from .extract import Endpoint
-from .flavor import FLAVORS, flavored_tokenizer, prepare_body
-from .tokenizer import TokenizerLoadError, add_tokenizer_arguments, load_tokenizer
+from proxy.core.count import INVALID_BODY, count_request
+from proxy.core.extract import Endpoint
+from proxy.core.flavor import FLAVORS, flavored_tokenizer, prepare_body
+from proxy.core.tokenizer import TokenizerLoadError, add_tokenizer_arguments, load_tokenizer
 
 
 def configure(p: argparse.ArgumentParser) -> None:
