@@ -22,7 +22,7 @@ from yarl import URL
 from proxy.emulator.app import EmulatorConfig, build_emulator_app
 from proxy.server.app import run_proxy
 from tests.conftest import load_builtin
-from tests.proxy.helpers import (
+from tests.server.helpers import (
     MODE_HEADER,
     Background,
     UpstreamState,

@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from proxy.core.usage import SSEUsageParser, SSEUsageStripper, Usage, usage_from_json_bytes, usage_of
-from tests.proxy.helpers import load_recorded, recorded_fixtures, sse_events
+from tests.server.helpers import load_recorded, recorded_fixtures, sse_events
 
 FIXTURES = recorded_fixtures()
 # What each recording says the server counted (README of the fixtures, and the bodies themselves).

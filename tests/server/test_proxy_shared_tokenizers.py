@@ -8,7 +8,7 @@ import aiohttp
 from proxy.emulator.app import EmulatorConfig, build_emulator_app
 from proxy.server.app import run_proxy
 from tests.conftest import load_shared, shared_dir
-from tests.proxy.helpers import proxy_config, serve_app, settled, value, wait_metrics
+from tests.server.helpers import proxy_config, serve_app, settled, value, wait_metrics
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],

@@ -27,7 +27,7 @@ from proxy.server.records import AnalysisJob
 from proxy.server.worker import AnalysisSpec
 from tests.builders import save_tokenizer
 from tests.conftest import load_builtin
-from tests.proxy.helpers import Background, fetch_metrics, serve_app, value, wait_metrics
+from tests.server.helpers import Background, fetch_metrics, serve_app, value, wait_metrics
 
 CHAT = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hello there"}]}
 
