@@ -15,7 +15,8 @@ from typing import Any
 
 import orjson
 
-from proxy.core.count import count_request, encode_len
+from proxy.core.count import count_request
+from proxy.core.tokens import encode_len
 
 from .budget import Fit, Overhead, fit_text, solve_overhead
 from .config import LoadgenConfig

@@ -8,7 +8,7 @@ import sys
 import orjson
 
 from proxy.core.count import INVALID_BODY, count_request
-from proxy.core.extract import Endpoint
+from proxy.core.endpoints import Endpoint
 from proxy.core.flavor import FLAVORS, flavored_tokenizer, prepare_body
 from proxy.core.tokenizer import TokenizerLoadError, add_tokenizer_arguments, load_tokenizer
 

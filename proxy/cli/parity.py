@@ -18,8 +18,8 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from proxy.core.count import template_of
 from proxy.core.tokenizer import LoadedTokenizer, TokenizerLoadError, add_tokenizer_arguments, load_tokenizer
+from proxy.core.tokens import template_of
 from proxy.parity import baseline as bl
 from proxy.parity.gate import (
     DIRECT,

@@ -1,28 +1,20 @@
 """The accounting core: how many input tokens a model server processes for one request body.
 
-Pure (a tokenizer in, a frozen result out, no I/O) and total: `count_request` never raises; anything it
-cannot count exactly comes back as a result with a `fallback_reason`.
+One orchestrator, `count(encoder, endpoint, body)`, over an `Encoder` (core/encoders.py): the reference
+encoder calls the tokenizer for every step; the fast encoder (core/fast.py) answers the same questions from
+caches and shortcuts it proved equal at load. Both go through the same steps here, so their results are
+equal by construction. Pure (a tokenizer in, a frozen result out, no I/O) and total: `count` never raises;
+anything it cannot count exactly comes back as a result with a `fallback_reason`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
-import jinja2
-from jinja2 import nodes
-
-from proxy.core.extract import (
-    ChatInput,
-    Endpoint,
-    InvalidBody,
-    PromptInput,
-    chat_input,
-    prompt_input,
-    responses_input,
-)
+from .encoders import ReferenceEncoder
+from .endpoints import Endpoint
+from .extract import ChatInput, InvalidBody, PromptInput, chat_input, prompt_input, responses_input
 
 # method: how expected_server was obtained
 CHAT_TEMPLATE = "chat_template"
@@ -36,6 +28,28 @@ NO_TEMPLATE = "no_template"
 TEMPLATE_ERROR = "template_error"
 INVALID_BODY = "invalid_body"
 TOKENIZER_ERROR = "tokenizer_error"
+
+
+class Encoder(Protocol):
+    """What counting asks of a tokenizer. Every method may raise; `count` turns errors into reasons."""
+
+    template: str | None  # the chat template the server renders with
+    parts_format: bool  # messages reach the template as part lists (vLLM's "openai" content format)
+    bos_text: str | None
+
+    def texts_len(self, texts: list[str]) -> int:
+        """Tokens of each text encoded alone without special tokens, summed (the bare count)."""
+        ...
+
+    def render(self, chat: ChatInput) -> str:
+        """The prompt text the chat template renders for a prepared request."""
+        ...
+
+    def rendered_len(self, text: str) -> int:
+        """Tokens of a rendered prompt encoded without special tokens (the template wrote them)."""
+        ...
+
+    def encode_len(self, text: str, add_special_tokens: bool) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -70,69 +84,6 @@ class CountResult:
         }
 
 
-def input_ids(encoded: Any) -> list[int]:
-    """transformers 5 returns a dict-like BatchEncoding from apply_chat_template(tokenize=True)."""
-    if isinstance(encoded, Mapping):
-        encoded = encoded["input_ids"]
-    elif hasattr(encoded, "input_ids"):
-        encoded = encoded.input_ids
-    return list(encoded)
-
-
-_ids = input_ids  # older private name
-
-
-def template_of(tok: Any) -> str | None:
-    tmpl = getattr(tok, "chat_template", None)
-    if isinstance(tmpl, dict):
-        return tmpl.get("default")
-    return tmpl if isinstance(tmpl, str) else None
-
-
-@lru_cache(maxsize=64)
-def iterates_content_parts(template: str) -> bool:
-    """True if the template loops over `message['content']` (vLLM's "openai" content format).
-
-    vLLM decides the same way, by walking the Jinja AST (`_detect_content_format` in chat_utils.py).
-    """
-    try:
-        ast = jinja2.Environment().parse(template)
-    except jinja2.TemplateSyntaxError:
-        return False
-    for loop in ast.find_all(nodes.For):
-        it = loop.iter
-        if isinstance(it, nodes.Filter) and it.node is not None:
-            it = it.node
-        if isinstance(it, nodes.Getitem) and isinstance(it.arg, nodes.Const) and it.arg.value == "content":
-            return True
-        if isinstance(it, nodes.Getattr) and it.attr == "content":
-            return True
-    return False
-
-
-def encode_len(tok: Any, text: str, add_special_tokens: bool) -> int:
-    return len(tok(text, add_special_tokens=add_special_tokens)["input_ids"])
-
-
-def bare_count(tok: Any, texts: list[str]) -> int:
-    texts = [t for t in texts if t]
-    if not texts:
-        return 0
-    return sum(len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"])
-
-
-def render_chat(tok: Any, chat: ChatInput, tokenize: bool) -> Any:
-    return tok.apply_chat_template(
-        chat.messages,
-        tools=chat.tools,
-        documents=chat.documents,
-        add_generation_prompt=chat.add_generation_prompt and not chat.continue_final_message,
-        continue_final_message=chat.continue_final_message,
-        tokenize=tokenize,
-        **chat.template_kwargs,
-    )
-
-
 def bare_result(chat: ChatInput, endpoint: str, bare: int) -> CountResult:
     """A chat request counted without its template; the templated result replaces a few fields of it."""
     return CountResult(
@@ -147,40 +98,32 @@ def bare_result(chat: ChatInput, endpoint: str, bare: int) -> CountResult:
     )
 
 
-def count_chat(tok: Any, chat: ChatInput, endpoint: str) -> CountResult:
-    fallback = bare_result(chat, endpoint, bare_count(tok, chat.texts))
-    if template_of(tok) is None:
+def count_chat(enc: Encoder, chat: ChatInput, endpoint: str) -> CountResult:
+    # A bare-count error escapes (tokenizer_error); a render or encode error is a template_error.
+    fallback = bare_result(chat, endpoint, enc.texts_len(chat.texts))
+    if enc.template is None:
         return replace(fallback, fallback_reason=NO_TEMPLATE)
     try:
-        if chat.add_special_tokens:  # vLLM renders, then encodes with the special tokens on top
-            rendered = render_chat(tok, chat, tokenize=False)
-            templated = encode_len(tok, rendered, add_special_tokens=False)
-            expected = encode_len(tok, rendered, add_special_tokens=True)
-        else:
-            templated = len(input_ids(render_chat(tok, chat, tokenize=True)))
-            expected = templated
+        rendered = enc.render(chat)
+        templated = enc.rendered_len(rendered)
+        # vLLM's `add_special_tokens` chat extension: the rendered text is encoded with special tokens.
+        expected = enc.encode_len(rendered, True) if chat.add_special_tokens else templated
     except Exception as exc:  # templates raise anything: TemplateError, TypeError, KeyError...
         return replace(fallback, fallback_reason=TEMPLATE_ERROR, detail=type(exc).__name__)
     return replace(fallback, templated=templated, expected_server=expected, method=CHAT_TEMPLATE)
 
 
-def _bos_text(tok: Any) -> str | None:
-    bos = getattr(tok, "bos_token", None)
-    return bos if isinstance(bos, str) and bos else None
-
-
-def count_prompts(tok: Any, inp: PromptInput, endpoint: str) -> CountResult:
+def count_prompts(enc: Encoder, inp: PromptInput, endpoint: str) -> CountResult:
     counts: list[int] = []
     bare = 0
     only_ids = True
-    bos = _bos_text(tok)
     bos_prefixed = False
     for p in inp.prompts:
         if isinstance(p, str):
             only_ids = False
-            counts.append(encode_len(tok, p, add_special_tokens=inp.add_special_tokens))
-            bare += encode_len(tok, p, add_special_tokens=False)
-            bos_prefixed = bos_prefixed or (bos is not None and p.startswith(bos))
+            counts.append(enc.encode_len(p, inp.add_special_tokens))
+            bare += enc.texts_len([p])
+            bos_prefixed = bos_prefixed or (enc.bos_text is not None and p.startswith(enc.bos_text))
         else:
             counts.append(len(p))
             bare += len(p)
@@ -224,17 +167,20 @@ def uncounted(endpoint: str, reason: str, detail: str) -> CountResult:
     )
 
 
-def count_request(tok: Any, endpoint: str, body: Any) -> CountResult:
+def count(enc: Encoder, endpoint: str, body: Any) -> CountResult:
     """Count one parsed request body. Never raises."""
-    template = template_of(tok)
-    parts_format = template is not None and iterates_content_parts(template)
     try:
-        inp = parse(endpoint, body, parts_format)
+        inp = parse(endpoint, body, enc.parts_format)
     except InvalidBody as exc:
         return uncounted(endpoint, INVALID_BODY, str(exc))
     try:
         if isinstance(inp, ChatInput):
-            return count_chat(tok, inp, str(endpoint))
-        return count_prompts(tok, inp, str(endpoint))
+            return count_chat(enc, inp, str(endpoint))
+        return count_prompts(enc, inp, str(endpoint))
     except Exception as exc:
         return uncounted(endpoint, TOKENIZER_ERROR, type(exc).__name__)
+
+
+def count_request(tok: Any, endpoint: str, body: Any) -> CountResult:
+    """`count` with the reference encoder: every step is the tokenizer's own call. Never raises."""
+    return count(ReferenceEncoder(tok), endpoint, body)

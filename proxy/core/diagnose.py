@@ -37,7 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core.count import BARE_FALLBACK, CHAT_TEMPLATE, CountResult, input_ids, template_of
+from proxy.core.count import BARE_FALLBACK, CHAT_TEMPLATE, CountResult
+from proxy.core.tokens import input_ids, template_of
 
 EXACT = "exact"
 DUPLICATE_BOS = "duplicate_bos"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 MEDIA_KINDS = {
@@ -29,21 +28,6 @@ MEDIA_KINDS = {
     "input_file": "file",
 }
 TEXT_KINDS = {"text", "input_text", "output_text", "refusal"}
-
-
-class Endpoint(StrEnum):
-    CHAT = "chat"
-    COMPLETIONS = "completions"
-    EMBEDDINGS = "embeddings"
-    RESPONSES = "responses"
-
-
-PATHS = {
-    "/v1/chat/completions": Endpoint.CHAT,
-    "/v1/completions": Endpoint.COMPLETIONS,
-    "/v1/embeddings": Endpoint.EMBEDDINGS,
-    "/v1/responses": Endpoint.RESPONSES,
-}
 
 
 class InvalidBody(ValueError):

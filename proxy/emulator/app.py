@@ -34,9 +34,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.core.count import iterates_content_parts, template_of
-from proxy.core.extract import ChatInput, Endpoint, InvalidBody, chat_input, prompt_input, responses_input
+from proxy.core.endpoints import Endpoint
+from proxy.core.extract import ChatInput, InvalidBody, chat_input, prompt_input, responses_input
 from proxy.core.tokenizer import DEFAULT_TOKENIZER, LoadedTokenizer, TokenizerLoadError, load_tokenizer
+from proxy.core.tokens import iterates_content_parts, template_of
 from proxy.emulator.faults import Faults, parse_faults
 
 log = logging.getLogger("islwatch.emulate")

@@ -15,8 +15,8 @@ from typing import Literal
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from proxy.core.count import template_of
 from proxy.core.tokenizer import LoadedTokenizer
+from proxy.core.tokens import template_of
 from proxy.parity.gate import ParityReport, first_diff
 
 ChangeKind = Literal["template", "file", "version", "revision", "mode", "conversations", "ids"]

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core.count import input_ids, template_of
 from proxy.core.diagnose import build_profile
+from proxy.core.tokens import input_ids, template_of
 
 Messages = list[dict[str, Any]]
 

@@ -24,10 +24,14 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from proxy.core.count import INVALID_BODY, NO_TEMPLATE, CountResult, count_request
+from proxy.core.count import INVALID_BODY, NO_TEMPLATE, CountResult, count
+from proxy.core.diagnose import DriftProfile, build_profile, classify
+from proxy.core.fast import best_encoder
 from proxy.core.flavor import flavored_tokenizer, prepare_body, reported_prompt_tokens
 from proxy.core.tokenizer import LoadedTokenizer, TokenizerLoadError, load_tokenizer
 from proxy.core.usage import usage_from_json_bytes
+from proxy.parity.gate import startup_self_check
+from proxy.server.dump import MismatchDumper
 from proxy.server.records import (
     DEFAULT_KEY,
     DEFAULT_LABEL,
@@ -60,38 +64,16 @@ class AnalysisSpec:
     server_flavor: str = "vllm"
 
 
-def _optional(module: str) -> Any:
-    """Modules built alongside the proxy (diagnosis, parity, dumps, fast counting): absent means "not run"."""
-    import importlib
-
-    try:
-        return importlib.import_module(
-            {
-                "fastcount": "proxy.core.fastcount",
-                "diagnose": "proxy.core.diagnose",
-                "dump": "proxy.server.dump",
-                "parity": "proxy.parity.gate",
-            }[module]
-        )
-    except ImportError:
-        return None
-
-
 @dataclass(frozen=True)
 class _Entry:
     loaded: LoadedTokenizer
     count: Callable[[str, Any], CountResult]
-    profile: Any  # proxy.diagnose.DriftProfile, or None when diagnosis is unavailable
+    profile: DriftProfile
 
 
 def _counter(tok: Any) -> Callable[[str, Any], CountResult]:
-    fast = _optional("fastcount")
-    if fast is not None:
-        try:
-            return fast.FastCounter(tok).count  # exact by construction, checked on this tokenizer at load
-        except Exception as exc:  # a faster path is optional; the plain core is always right
-            log.warning("fast counter unavailable (%s); using the plain counting core", type(exc).__name__)
-    return lambda endpoint, body: count_request(tok, endpoint, body)
+    encoder = best_encoder(tok)  # exact by construction: each shortcut is proven on this tokenizer at load
+    return lambda endpoint, body: count(encoder, endpoint, body)
 
 
 def _label(key: str) -> str:
@@ -103,11 +85,7 @@ class WorkerState:
         self.spec = spec
         self.entries: dict[str, _Entry] = {}
         self.errors: dict[str, str] = {}
-        self._diagnose = _optional("diagnose")
-        self._dumper: Any = None
-        dump = _optional("dump") if spec.dump_dir else None
-        if dump is not None:
-            self._dumper = dump.MismatchDumper(spec.dump_dir, spec.dump_max)
+        self._dumper = MismatchDumper(spec.dump_dir, spec.dump_max) if spec.dump_dir else None
 
     @classmethod
     def load(cls, spec: AnalysisSpec) -> WorkerState:
@@ -120,29 +98,20 @@ class WorkerState:
                 state.errors[key] = str(exc)
                 continue
             counting_tok = flavored_tokenizer(loaded.tokenizer, spec.server_flavor)
-            profile = None
-            if state._diagnose is not None:
-                try:
-                    profile = state._diagnose.build_profile(counting_tok)
-                except Exception as exc:  # diagnosis is an extra; counting goes on without it
-                    log.warning("drift profile for %s failed: %s", _label(key), type(exc).__name__)
+            profile = build_profile(counting_tok)  # never raises
             state.entries[key] = _Entry(loaded, _counter(counting_tok), profile)
         return state
 
     def describe(self) -> list[TokenizerReport]:
         """Identities and the parity self-check, once per load (run by one worker)."""
-        parity = _optional("parity")
         reports = []
         for key, _ in self.spec.tokenizers:
             if key in self.errors:
                 reports.append(TokenizerReport(key, _label(key), None, None, "", error=self.errors[key]))
                 continue
             entry = self.entries[key]
-            if parity is None:
-                ok, summary = None, "parity self-check not available"
-            else:
-                check = parity.startup_self_check(entry.loaded.tokenizer)
-                ok, summary = bool(check.ok), str(check.summary)
+            check = startup_self_check(entry.loaded.tokenizer)
+            ok, summary = check.ok, check.summary
             reports.append(TokenizerReport(key, _label(key), entry.loaded.identity.as_dict(), ok, summary))
         return reports
 
@@ -200,10 +169,8 @@ class WorkerState:
             "duplicate_bos_risk": result.bos_prefixed_prompt,
         }
 
-    def _cause(self, result: CountResult, server: int, profile: Any) -> str:
-        if self._diagnose is not None and profile is not None:
-            return str(self._diagnose.classify(result, server, profile))
-        return "exact" if server == result.expected_server else "unknown"
+    def _cause(self, result: CountResult, server: int, profile: DriftProfile) -> str:
+        return classify(result, server, profile)
 
     @staticmethod
     def _dump_record(

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from proxy.core.fastcount import FastCounter
 
 from proxy.core.count import count_request
-from proxy.core.fastcount import FastCounter
 from tests.builders import SPECIALS, TEMPLATES, build_tokenizer
 from tests.conftest import FAMILIES, load_builtin, load_shared
 

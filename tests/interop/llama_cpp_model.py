@@ -13,10 +13,10 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from proxy.core.count import iterates_content_parts, render_chat, template_of
 from proxy.core.extract import chat_input, prompt_input
 from proxy.core.flavor import llama_cpp_chat_body
 from proxy.core.flavor import unnormalized as _unnormalized
+from proxy.core.tokens import iterates_content_parts, render_chat, template_of
 
 
 def unnormalized(tok: Any) -> Tokenizer:
@@ -28,7 +28,7 @@ def llama_cpp_chat_count(tok: Any, raw: Tokenizer, body: dict[str, Any]) -> int:
     prepared = llama_cpp_chat_body(body)
     template = template_of(tok)
     chat = chat_input(prepared, template is not None and iterates_content_parts(template))
-    text = render_chat(tok, chat, tokenize=False)
+    text = render_chat(tok, chat)
     return len(raw.encode(text, add_special_tokens=False).ids)
 
 

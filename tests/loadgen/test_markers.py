@@ -13,7 +13,7 @@ import pytest
 from loadgen.config import LoadgenConfig
 from loadgen.markers import CacheBust, Landing, apply_marker, landing, marker_for
 from loadgen.workload import Workload
-from proxy.core.count import encode_len
+from proxy.core.tokens import encode_len
 from tests.builders import build_tokenizer
 
 MARKER_RE = re.compile(r"\[rid:[0-9a-f]{12}\]")

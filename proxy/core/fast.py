@@ -1,15 +1,14 @@
-"""An exact, faster drop-in for `proxy.count.count_request`: same `CountResult`, less tokenizer work.
+"""The fast encoder: the reference encoder's answers (core/encoders.py) with less tokenizer work.
 
 Where the time goes in `count_request` for a ~1,000-token chat: two full encodes (the bare texts and the
 rendered prompt), each through the transformers `__call__` wrapper (BatchEncoding, offsets, attention mask).
-Rendering the template costs ~2-7 % of one encode, so it is left to transformers (`render_chat`), which keeps
-every rendering rule (message normalisation, tools, `continue_final_message`) identical by construction.
 
-What this module changes, each step checked on this tokenizer when the counter is built:
+What this module changes, each step checked on this tokenizer when the encoder is built; a step that is not
+proven falls back to the reference encoder's, so `count(FastEncoder(tok), ...)` equals `count_request(tok, ...)`:
 
 1. Direct encode: a private copy of the Rust backend (no truncation, no padding, the tokenizer's
    `split_special_tokens`) encodes with `encode_batch_fast` (no offsets). Used only if its ids equal
-   `tok(text, add_special_tokens=False)` on the sample texts; otherwise every request goes to `count_request`.
+   `tok(text, add_special_tokens=False)` on the sample texts (`direct_proven`).
 2. Bare texts: a count per text, cached by a content digest (exact by definition: same text, same count).
 3. Segment reuse (`reuse_proven`): the `tokenizers` library extracts added tokens (matched on the raw text)
    before normalising and pre-tokenising, then encodes the pieces between them independently. So the
@@ -19,6 +18,12 @@ What this module changes, each step checked on this tokenizer when the counter i
    are cached by digest, so a conversation's earlier turns are not encoded again on its next request. Used
    only if the split sum equals the full encode on every sample conversation and string; tokenizers with
    single-word added tokens or with special-token splitting switched on are not eligible.
+4. Render shortcut (`render_proven`): plain text chats (roles and string contents only, no tools, documents,
+   template kwargs or continued messages) are rendered by the template transformers compiled and cached,
+   skipping `apply_chat_template`'s per-call conversions (copies of every message, None-key removal,
+   reasoning-field aliases), which are identities for them. Used only if it renders every sample
+   conversation exactly as `apply_chat_template` does; `_compile_jinja_template` is transformers' private
+   helper, so a release that moves it only turns the shortcut off.
 
 Privacy: the caches hold 16-byte BLAKE2b digests of text and integer counts, never the text itself, and are
 bounded LRUs (`cache_entries` per cache). Thread-safe (one lock per cache).
@@ -26,33 +31,17 @@ bounded LRUs (`cache_entries` per cache). Thread-safe (one lock per cache).
 
 from __future__ import annotations
 
-import hashlib
 import re
-import threading
-from collections import OrderedDict
-from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from typing import Any
 
 from tokenizers import Tokenizer
 
-from proxy.core.count import (
-    CHAT_TEMPLATE,
-    INVALID_BODY,
-    TEMPLATE_ERROR,
-    TOKENIZER_ERROR,
-    CountResult,
-    bare_result,
-    count_chat,
-    count_prompts,
-    count_request,
-    iterates_content_parts,
-    parse,
-    render_chat,
-    template_of,
-    uncounted,
-)
-from proxy.core.extract import ChatInput, InvalidBody
+from .count import Encoder
+from .encoders import ReferenceEncoder
+from .extract import ChatInput
+from .lru import Lru, digest
+from .tokens import render_messages
 
 _PLAIN_KEYS = frozenset({"role", "content", "name"})
 DEFAULT_CACHE_ENTRIES = 65536  # ~100 bytes each: a few MB per tokenizer
@@ -76,85 +65,49 @@ SAMPLE_TEXTS = (
 )
 
 
-class _Lru:
-    """A bounded mapping digest -> count, least recently used evicted first."""
-
-    def __init__(self, entries: int) -> None:
-        self._entries = max(0, entries)
-        self._data: OrderedDict[Any, int] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: Any) -> int | None:
-        with self._lock:
-            value = self._data.get(key)
-            if value is None:
-                self.misses += 1
-                return None
-            self._data.move_to_end(key)
-            self.hits += 1
-            return value
-
-    def put(self, key: Any, value: int) -> None:
-        if not self._entries:
-            return
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self._entries:
-                self._data.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-            self.hits = self.misses = 0
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-
-def _digest(text: str) -> bytes:
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-
-
-class FastCounter:
-    """`FastCounter(tok).count(endpoint, body)` returns what `count_request(tok, endpoint, body)` returns."""
+class FastEncoder(ReferenceEncoder):
+    """`count(FastEncoder(tok), endpoint, body)` returns what `count_request(tok, endpoint, body)` returns."""
 
     def __init__(self, tok: Any, cache_entries: int = DEFAULT_CACHE_ENTRIES) -> None:
-        self.tok = tok
-        self._template = template_of(tok)
-        self._parts_format = self._template is not None and iterates_content_parts(self._template)
-        self._texts = _Lru(cache_entries)
-        self._pieces = _Lru(cache_entries)
+        super().__init__(tok)
+        self._texts = Lru(cache_entries)
+        self._pieces = Lru(cache_entries)
         self._backend = _private_backend(tok)
         self._splitter: re.Pattern[str] | None = None
-        self._compiled, self._special_tokens = _compiled_template(tok, self._template)
+        self._compiled, self._special_tokens = _compiled_template(tok, self.template)
         self.direct_proven = self._backend is not None and self._check_direct()
         self.reuse_proven = self.direct_proven and self._check_reuse()
+        self.render_proven = self._compiled is not None and self._check_render()
 
-    # ---- public -------------------------------------------------------------------------------------------
+    # ---- the encoder steps ----------------------------------------------------------------------------------
 
-    def count(self, endpoint: str, body: Any) -> CountResult:
-        """Never raises (like `count_request`)."""
+    def texts_len(self, texts: list[str]) -> int:
         if not self.direct_proven:
-            return count_request(self.tok, endpoint, body)
-        try:
-            inp = parse(endpoint, body, self._parts_format)
-        except InvalidBody as exc:
-            return uncounted(endpoint, INVALID_BODY, str(exc))
-        try:
-            if not isinstance(inp, ChatInput):
-                return count_prompts(self.tok, inp, str(endpoint))
-            if self._template is None or inp.add_special_tokens:
-                return count_chat(self.tok, inp, str(endpoint))  # rare shapes: the reference path
-            return self._count_chat(inp, str(endpoint))
-        except Exception as exc:
-            return uncounted(endpoint, TOKENIZER_ERROR, type(exc).__name__)
+            return super().texts_len(texts)
+        texts = [t for t in texts if t]
+        return sum(self._cached_counts(self._texts, [(digest(t), t, 0) for t in texts]))
+
+    def rendered_len(self, text: str) -> int:
+        if self.reuse_proven:
+            return self._split_count(text, self._pieces)
+        if self.direct_proven:
+            return self._encode_lens([text])[0]
+        return super().rendered_len(text)
+
+    def render(self, chat: ChatInput) -> str:
+        if not self.render_proven or not _plain(chat):
+            return super().render(chat)
+        return self._render_compiled(chat.messages, chat.add_generation_prompt)
+
+    # ---- caches -------------------------------------------------------------------------------------------
 
     def clear_caches(self) -> None:
         self._texts.clear()
         self._pieces.clear()
+
+    def cache_keys(self) -> list[Any]:
+        """Every key the caches hold (digests and neighbouring added tokens: never a client's text)."""
+        return [*self._texts.keys(), *self._pieces.keys()]
 
     def cache_stats(self) -> dict[str, int]:
         return {
@@ -166,57 +119,25 @@ class FastCounter:
             "piece_misses": self._pieces.misses,
         }
 
-    # ---- counting -----------------------------------------------------------------------------------------
-
-    def _count_chat(self, chat: ChatInput, endpoint: str) -> CountResult:
-        # Same shape and order as proxy.count.count_chat: a bare-count error escapes (tokenizer_error),
-        # a render or encode error becomes template_error.
-        fallback = bare_result(chat, endpoint, self.bare(chat.texts))
-        try:
-            templated = self.templated(self._render(chat))
-        except Exception as exc:
-            return replace(fallback, fallback_reason=TEMPLATE_ERROR, detail=type(exc).__name__)
-        return replace(fallback, templated=templated, expected_server=templated, method=CHAT_TEMPLATE)
-
-    def _render(self, chat: ChatInput) -> str:
-        """The rendered prompt. Plain text messages skip apply_chat_template's per-call conversions (copies of
-        every message into plain data, None-key removal, reasoning-field aliases), which are identities for
-        them, and go straight to the template transformers compiled and cached (same object, same globals)."""
-        if (
-            self._compiled is None
-            or chat.tools
-            or chat.documents
-            or chat.template_kwargs
-            or chat.continue_final_message
-        ):
-            return render_chat(self.tok, chat, tokenize=False)
-        for m in chat.messages:
-            if not m.keys() <= _PLAIN_KEYS or not all(type(v) is str for v in m.values()):
-                return render_chat(self.tok, chat, tokenize=False)
-        return self._compiled.render(
-            messages=chat.messages,
-            tools=None,
-            documents=None,
-            add_generation_prompt=chat.add_generation_prompt,
-            **self._special_tokens,
-        )
-
-    def bare(self, texts: Iterable[str]) -> int:
-        texts = [t for t in texts if t]
-        return sum(self._cached_counts(self._texts, [(_digest(t), t, 0) for t in texts]))
-
-    def templated(self, rendered: str) -> int:
-        if not self.reuse_proven:
-            return self._encode_lens([rendered])[0]
-        return self._split_count(rendered, self._pieces)
-
     # ---- internals ----------------------------------------------------------------------------------------
+
+    def _render_compiled(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        assert self._compiled is not None
+        return str(
+            self._compiled.render(
+                messages=messages,
+                tools=None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **self._special_tokens,
+            )
+        )
 
     def _encode_lens(self, texts: Sequence[str]) -> list[int]:
         assert self._backend is not None
         return [len(e.ids) for e in self._backend.encode_batch_fast(list(texts), add_special_tokens=False)]
 
-    def _cached_counts(self, cache: _Lru, items: list[tuple[Any, str, int]]) -> list[int]:
+    def _cached_counts(self, cache: Lru, items: list[tuple[Any, str, int]]) -> list[int]:
         """items: (key, text to encode, tokens to subtract). Misses are encoded in one batch."""
         counts: list[int | None] = [cache.get(key) for key, _, _ in items]
         missing = [i for i, c in enumerate(counts) if c is None]
@@ -227,7 +148,7 @@ class FastCounter:
                 cache.put(items[i][0], n - items[i][2])
         return [c for c in counts if c is not None]
 
-    def _split_count(self, rendered: str, cache: _Lru) -> int:
+    def _split_count(self, rendered: str, cache: Lru) -> int:
         assert self._splitter is not None
         parts = self._splitter.split(rendered)  # [piece, token, piece, token, ..., piece]
         pieces, tokens = parts[0::2], parts[1::2]
@@ -238,7 +159,7 @@ class FastCounter:
             prev = tokens[i - 1] if i > 0 else None
             nxt = tokens[i] if i < len(tokens) else None
             # The neighbours are part of the key: they decide stripping and offset-dependent prefixes.
-            key = (_digest(piece), prev, nxt)
+            key = (digest(piece), prev, nxt)
             items.append((key, (prev or "") + piece + (nxt or ""), (prev is not None) + (nxt is not None)))
         return len(tokens) + sum(self._cached_counts(cache, items))
 
@@ -254,9 +175,7 @@ class FastCounter:
         for messages in _sample_conversations():
             for gen in (True, False):
                 try:
-                    out.append(
-                        self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
-                    )
+                    out.append(render_messages(self.tok, messages, add_generation_prompt=gen))
                 except Exception:
                     continue  # templates that refuse a shape (no system role, strict alternation)
         return [s for s in out if isinstance(s, str)]
@@ -284,12 +203,40 @@ class FastCounter:
         # Longest first at each position, like the library's leftmost-longest matcher.
         self._splitter = re.compile("(" + "|".join(re.escape(c) for c in raw_matched) + ")")
         try:
-            probe = _Lru(0)  # no caching during the check: every piece is really encoded
+            probe = Lru(0)  # no caching during the check: every piece is really encoded
             samples = self._samples()
             full = self._encode_lens(samples)
             return all(self._split_count(s, probe) == n for s, n in zip(samples, full, strict=True))
         except Exception:
             return False
+
+    def _check_render(self) -> bool:
+        """The compiled template renders every sample conversation as apply_chat_template does."""
+        try:
+            for messages in _sample_conversations():
+                for gen in (True, False):
+                    try:
+                        want = render_messages(self.tok, messages, add_generation_prompt=gen)
+                    except Exception:
+                        continue  # a shape the template refuses: nothing to compare
+                    if self._render_compiled(messages, gen) != want:
+                        return False
+            return True
+        except Exception:
+            return False
+
+
+def _plain(chat: ChatInput) -> bool:
+    """A chat the render shortcut covers: string roles and contents (and names), nothing else."""
+    if chat.tools or chat.documents or chat.template_kwargs or chat.continue_final_message:
+        return False
+    return all(m.keys() <= _PLAIN_KEYS and all(type(v) is str for v in m.values()) for m in chat.messages)
+
+
+def best_encoder(tok: Any, cache_entries: int = DEFAULT_CACHE_ENTRIES) -> Encoder:
+    """The fast encoder where any of its steps is proven for this tokenizer, else the reference encoder."""
+    fast = FastEncoder(tok, cache_entries)
+    return fast if fast.direct_proven or fast.render_proven else ReferenceEncoder(tok)
 
 
 def _compiled_template(tok: Any, template: str | None) -> tuple[Any, dict[str, Any]]:
