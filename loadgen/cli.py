@@ -12,7 +12,8 @@ import orjson
 from pydantic import ValidationError
 from rich.console import Console
 
-from proxy.core.tokenizer import DEFAULT_TOKENIZER, TokenizerLoadError
+from proxy.core.specs import DEFAULT_TOKENIZER
+from proxy.core.tokenizer import TokenizerLoadError
 
 from .config import LoadgenConfig
 from .markers import CacheBust

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from proxy.core.tokenizer import DEFAULT_TOKENIZER
+from proxy.core.specs import DEFAULT_TOKENIZER
 
 from .markers import CacheBust
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from proxy.core.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
+from proxy.core.specs import DEFAULT_TOKENIZER
+from proxy.core.tokenizer import load_tokenizer
 
 from .cli import run_loadgen, write_outputs
 from .config import LoadgenConfig

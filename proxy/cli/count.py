@@ -9,7 +9,8 @@ import orjson
 
 from proxy.core.count import INVALID_BODY, count_request
 from proxy.core.endpoints import Endpoint
-from proxy.core.flavor import FLAVORS, flavored_tokenizer, prepare_body
+from proxy.core.flavor import flavored_tokenizer, prepare_body
+from proxy.core.specs import FLAVORS
 from proxy.core.tokenizer import TokenizerLoadError, add_tokenizer_arguments, load_tokenizer
 
 

@@ -14,12 +14,10 @@ import contextlib
 import copy
 import json
 import math
-from typing import Any, Literal
+from typing import Any
 
 from tokenizers import Tokenizer
 
-ServerFlavor = Literal["vllm", "llama.cpp"]
-FLAVORS: tuple[str, ...] = ("vllm", "llama.cpp")
 _UNICODE_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD"}
 
 

@@ -19,6 +19,8 @@ from typing import Any
 import tokenizers
 import transformers
 
+from .specs import BUILTIN_PREFIX, parse_spec
+
 log = logging.getLogger("islwatch.tokenizer")
 
 # Files that change what a tokenizer produces; anything else in a hub snapshot is ignored.
@@ -35,7 +37,6 @@ TOKENIZER_FILES = (
     "tekken.json",
 )
 
-BUILTIN_PREFIX = "builtin:"
 # The Mistral-7B-Instruct-v0.1 chat template (HF revision 9ab9e76e), the one paired with the
 # SentencePiece vocabulary that mistral-common ships as tokenizer.model.v1.
 MISTRAL_V01_TEMPLATE = (
@@ -47,7 +48,6 @@ MISTRAL_V01_TEMPLATE = (
     "assistant roles are supported!') }}{% endif %}{% endfor %}"
 )
 BUILTINS = {"mistral-v0.1": ("tokenizer.model.v1", MISTRAL_V01_TEMPLATE)}
-DEFAULT_TOKENIZER = BUILTIN_PREFIX + "mistral-v0.1"
 
 
 class TokenizerLoadError(Exception):
@@ -93,15 +93,6 @@ class LoadedTokenizer:
 
 def sha256_text(text: str | None) -> str | None:
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def parse_spec(spec: str) -> tuple[str, str | None]:
-    """`PATH_OR_ID[@REVISION]` -> (path_or_id, revision). A local path containing '@' wins."""
-    if "@" in spec and not os.path.exists(spec):
-        name, _, rev = spec.rpartition("@")
-        if name:
-            return name, rev or None
-    return spec, None
 
 
 def _cache_root() -> Path:

@@ -36,7 +36,8 @@ from aiohttp import web
 
 from proxy.core.endpoints import Endpoint
 from proxy.core.extract import ChatInput, InvalidBody, chat_input, prompt_input, responses_input
-from proxy.core.tokenizer import DEFAULT_TOKENIZER, LoadedTokenizer, TokenizerLoadError, load_tokenizer
+from proxy.core.specs import DEFAULT_TOKENIZER
+from proxy.core.tokenizer import LoadedTokenizer, TokenizerLoadError, load_tokenizer
 from proxy.core.tokens import iterates_content_parts, template_of
 from proxy.emulator.faults import Faults, parse_faults
 

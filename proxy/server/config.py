@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from yarl import URL
 
-from proxy.core.tokenizer import DEFAULT_TOKENIZER
+from proxy.core.specs import DEFAULT_TOKENIZER
 
 ENV_PREFIX = "ISLWATCH_"
 # A value for `tokenizer` that means: no default tokenizer, analyse only the models of `model_tokenizers`.
