@@ -3,11 +3,11 @@
 Contenders, run in rotating order on every request (so drift in machine load hits all three alike):
   raw   `tok.backend_tokenizer.encode(rendered, add_special_tokens=False)`: the floor, rendered text given
   ref   `proxy.count.count_request(tok, "chat", body)`: the counting core as the proxy calls it
-  fast  `proxy.fastcount.FastCounter(tok).count("chat", body)`: same result, reusing work where proven
+  fast  `count(FastEncoder(tok), "chat", body)` (proxy/core/fast.py): same result, reusing work where proven
 
 Shapes: "1-turn" (one ~1,000-token user message, a new conversation per request) and "10-turn" (conversations
 that grow to ~1,000 tokens over 10 user turns; every turn is a request carrying the whole history, as chat
-clients send it). FastCounter's caches are emptied at the start of each round, so reuse only comes from
+clients send it). The fast encoder's caches are emptied at the start of each round, so reuse only comes from
 earlier requests of the same run. Every fast result is compared with the reference result.
 
 Usage: python -m bench.analysis_cost [--families a,b] [--rounds 3] [--requests 40] [--quick]
@@ -24,8 +24,8 @@ from typing import Any
 
 from bench._common import FAMILIES, SHARED_TOKENIZERS, machine, median, words_for_tokens, write_result
 from bench._common import conversation as make_conversation
-from proxy.core.count import count_request
-from proxy.core.fastcount import FastCounter
+from proxy.core.count import count, count_request
+from proxy.core.fast import FastEncoder
 from proxy.core.tokenizer import load_tokenizer
 
 TARGET_RATIO = 1.2
@@ -59,7 +59,7 @@ def timed(fn: Any, out: Timings) -> Any:
     return result
 
 
-def run_shape(tok: Any, fc: FastCounter, shape: str, rounds: int, n_requests: int) -> dict[str, Any]:
+def run_shape(tok: Any, fc: FastEncoder, shape: str, rounds: int, n_requests: int) -> dict[str, Any]:
     bodies = requests_for(tok, shape, n_requests, seed=7)
     rendered = [
         tok.apply_chat_template(b["messages"], tokenize=False, add_generation_prompt=True) for b in bodies
@@ -74,7 +74,7 @@ def run_shape(tok: Any, fc: FastCounter, shape: str, rounds: int, n_requests: in
             calls = {
                 "raw": lambda text=text: backend.encode(text, add_special_tokens=False),
                 "ref": lambda body=body: count_request(tok, "chat", body),
-                "fast": lambda body=body: fc.count("chat", body),
+                "fast": lambda body=body: count(fc, "chat", body),
             }
             order = ["raw", "ref", "fast"]
             k = (i + rnd) % 3
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         tok = load_tokenizer(str(folder)).tokenizer
         t0 = time.perf_counter()
-        fc = FastCounter(tok)
+        fc = FastEncoder(tok)
         build_s = time.perf_counter() - t0
         fam_out: dict[str, Any] = {
             "fastcounter_build_seconds": build_s,

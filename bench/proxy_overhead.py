@@ -39,7 +39,8 @@ from bench._common import (
     words_for_tokens,
     write_result,
 )
-from proxy.core.fastcount import FastCounter
+from proxy.core.count import count
+from proxy.core.fast import FastEncoder
 from proxy.core.tokenizer import load_tokenizer
 
 TARGETS = ("direct", "floor", "islwatch", "variant")
@@ -217,10 +218,10 @@ def _placeholders(event: str) -> str:
 def record(upstream: str, tok: Any, bodies: list[dict[str, Any]]) -> dict[str, Any]:
     """Answer templates recorded from the emulator, and each body's prompt count (checked against it)."""
     url = upstream + "/v1/chat/completions"
-    counter = FastCounter(tok)  # equal to the emulator's apply_chat_template count (tests/test_fastcount.py)
+    counter = FastEncoder(tok)  # equal to the emulator's count (tests/core/test_fast_encoder.py)
     prompt: dict[str, int] = {}
     for b in bodies:
-        n = counter.count("chat", b).templated
+        n = count(counter, "chat", b).templated
         for stream in (False, True):
             prompt[hashlib.sha256(encode_body(b, stream)).hexdigest()] = n
     for b in bodies[:5]:  # the emulator must agree, or the replayed usage would be wrong
@@ -228,7 +229,7 @@ def record(upstream: str, tok: Any, bodies: list[dict[str, Any]]) -> dict[str, A
         server = json.loads(raw)["usage"]["prompt_tokens"]
         ours = prompt[hashlib.sha256(encode_body(b, False)).hexdigest()]
         if server != ours:
-            raise RuntimeError(f"emulator counts {server}, FastCounter {ours}: cannot replay exactly")
+            raise RuntimeError(f"emulator counts {server}, the fast encoder {ours}: cannot replay exactly")
     raw, _ = post(url, encode_body(bodies[0], False))
     obj = json.loads(raw)
     obj["usage"] = {**obj["usage"], "prompt_tokens": "__PROMPT__", "total_tokens": "__TOTAL__"}

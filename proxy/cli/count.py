@@ -5,13 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-import orjson
-
-from proxy.core.count import INVALID_BODY, count_request
+from proxy.cli.args import add_tokenizer_arguments
 from proxy.core.endpoints import Endpoint
-from proxy.core.flavor import flavored_tokenizer, prepare_body
 from proxy.core.specs import FLAVORS
-from proxy.core.tokenizer import TokenizerLoadError, add_tokenizer_arguments, load_tokenizer
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -27,6 +23,13 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import orjson
+
+    from proxy.core.count import INVALID_BODY
+    from proxy.core.fast import best_encoder
+    from proxy.core.flavor import count_as, flavored_tokenizer
+    from proxy.core.tokenizer import TokenizerLoadError, load_tokenizer
+
     try:
         raw = sys.stdin.buffer.read() if args.file == "-" else open(args.file, "rb").read()  # noqa: SIM115
     except OSError as exc:
@@ -42,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
     except TokenizerLoadError as exc:
         print(f"islwatch count: {exc}", file=sys.stderr)
         return 2
-    tok = flavored_tokenizer(loaded.tokenizer, args.server_flavor)
-    result = count_request(tok, args.endpoint, prepare_body(args.server_flavor, args.endpoint, body))
+    encoder = best_encoder(flavored_tokenizer(loaded.tokenizer, args.server_flavor))
+    streamed = isinstance(body, dict) and body.get("stream") is True
+    result = count_as(args.server_flavor, encoder, args.endpoint, body, streamed)
     if result.fallback_reason == INVALID_BODY:
         print(f"islwatch count: not a {args.endpoint} request: {result.detail}", file=sys.stderr)
         return 2

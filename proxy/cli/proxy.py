@@ -6,17 +6,14 @@ SIGHUP reloads the tokenizers (as POST /reload does); SIGTERM and SIGINT stop th
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
-import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from proxy.server.app import reload_tokenizers, start_runners
-from proxy.server.config import ConfigError, ProxyConfig, load_config, parse_model_tokenizers
+from proxy.core.specs import FLAVORS
 
-log = logging.getLogger("islwatch.proxy")
+if TYPE_CHECKING:
+    from proxy.server.config import ProxyConfig
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -50,11 +47,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     a("--dump-max", type=int, help="keep at most N dump files, oldest deleted first (default 100)")
     a("--upstream-timeout-seconds", type=float, help="max wait for the upstream's next bytes (default 600)")
-    a("--server-flavor", choices=["vllm", "llama.cpp"],
+    a("--server-flavor", choices=list(FLAVORS),
       help="whose request preparation to predict: vllm (default; also SGLang, TGI) or llama.cpp")  # fmt: skip
 
 
 def config_from_args(args: argparse.Namespace) -> ProxyConfig:
+    from proxy.server.config import load_config, parse_model_tokenizers
+
     flags: dict[str, Any] = {
         key: getattr(args, key, None)
         for key in (
@@ -73,6 +72,11 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from proxy.server.app import serve
+    from proxy.server.config import ConfigError
+
     try:
         config = config_from_args(args)
     except ConfigError as exc:
@@ -91,31 +95,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"islwatch proxy: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-async def serve(config: ProxyConfig) -> None:
-    traffic, admin_runner, admin, port, admin_port = await start_runners(config)
-    log.info(
-        "relaying %s:%d -> %s; admin on %s:%d", config.listen_address[0], port, config.upstream,
-        config.admin_address[0], admin_port,
-    )  # fmt: skip
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    reloads: set[asyncio.Task[Any]] = set()
-
-    def on_hup() -> None:
-        task = loop.create_task(reload_tokenizers(admin))
-        reloads.add(task)
-        task.add_done_callback(reloads.discard)
-
-    for sig, callback in ((signal.SIGHUP, on_hup), (signal.SIGTERM, stop.set), (signal.SIGINT, stop.set)):
-        with contextlib.suppress(NotImplementedError, AttributeError):  # no POSIX signals (Windows)
-            loop.add_signal_handler(sig, callback)
-    try:
-        await stop.wait()
-        log.info("stopping")
-    finally:
-        for task in reloads:
-            task.cancel()
-        await traffic.cleanup()
-        await admin_runner.cleanup()

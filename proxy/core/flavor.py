@@ -14,9 +14,12 @@ import contextlib
 import copy
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
 from tokenizers import Tokenizer
+
+from .count import CountResult, Encoder, count
 
 _UNICODE_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD"}
 
@@ -147,3 +150,11 @@ def reported_prompt_tokens(
     if flavor == "llama.cpp" and endpoint == "completions" and not streamed and len(prompts) > 1:
         return prompts[0]
     return None
+
+
+def count_as(flavor: str, enc: Encoder, endpoint: str, body: Any, streamed: bool) -> CountResult:
+    """What the flavor's server counts for this request: its preparation of the body, then the one
+    counting path, then how it reports the usage of several prompts. Never raises."""
+    result = count(enc, endpoint, prepare_body(flavor, endpoint, body))
+    reported = reported_prompt_tokens(flavor, endpoint, result.prompts, streamed)
+    return result if reported is None else replace(result, expected_server=reported)

@@ -6,7 +6,6 @@ The identity (template and file hashes, library versions) is what the parity gat
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
@@ -157,16 +156,6 @@ def _resolved_folder(tok: Any, path_or_id: str) -> Path | None:
         return Path(snapshot_download(path_or_id, local_files_only=True))
     except Exception:
         return None
-
-
-def add_tokenizer_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags every command that loads one tokenizer takes (`islwatch count`, `islwatch parity`)."""
-    p.add_argument(
-        "--tokenizer", required=True, help="hub id, local folder or builtin:NAME, optionally @REVISION"
-    )
-    p.add_argument("--revision", help="hub revision (branch, tag or commit)")
-    p.add_argument("--chat-template", help="file whose text replaces the tokenizer's chat template")
-    p.add_argument("--trust-remote-code", action="store_true", help="allow tokenizer code from the hub")
 
 
 def load_tokenizer(

@@ -137,8 +137,9 @@ def _finished_choice_index(obj: Any) -> int | None:
     choices = obj.get("choices") if isinstance(obj, dict) else None
     if isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict):
         choice = choices[0]
-        if choice.get("finish_reason") is not None and isinstance(choice.get("index"), int):
-            return choice["index"]
+        index = choice.get("index")
+        if choice.get("finish_reason") is not None and isinstance(index, int):
+            return index
     return None
 
 

@@ -1,5 +1,5 @@
-"""Wiring: the traffic app (every path -> `handler.handle`) and the admin app (/metrics, /healthz, /readyz,
-POST /reload), the long-lived resources they share, and `run_proxy`, which runs both in-process.
+"""Wiring: the traffic app (every path -> `handler.handle`) and the admin app (admin.py: /metrics, /healthz,
+/readyz, POST /reload), the long-lived resources they share, and `run_proxy`, which runs both in-process.
 
 The upstream `ClientSession` and the analysis pool are owned by `cleanup_ctx` generators (created on
 start-up, closed on shutdown); shared state sits behind typed `web.AppKey`s.
@@ -8,28 +8,28 @@ start-up, closed on shutdown); shared state sits behind typed `web.AppKey`s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
+from proxy.server.admin import POOL, build_admin, reload_tokenizers
+from proxy.server.analyzer import AnalysisSpec
 from proxy.server.config import ProxyConfig
 from proxy.server.handler import CONTEXT, SESSION, ProxyContext, handle
-from proxy.server.metrics import Metrics, build_metrics
+from proxy.server.inspect import Policy
+from proxy.server.metrics import build_metrics
 from proxy.server.pool import AnalysisPool
-from proxy.server.records import DEFAULT_KEY, ProblemLog
-from proxy.server.worker import AnalysisSpec
+from proxy.server.problems import ProblemLog
+from proxy.server.records import DEFAULT_KEY
 
 log = logging.getLogger("islwatch.proxy")
-
-POOL = web.AppKey("pool", AnalysisPool)
-METRICS = web.AppKey("metrics", Metrics)
-# Serialises reloads (SIGHUP and POST /reload may race).
-RELOAD_LOCK = web.AppKey("reload_lock", asyncio.Lock)
 
 
 def analysis_spec(config: ProxyConfig) -> AnalysisSpec:
@@ -59,17 +59,13 @@ def build_apps(
         workers=config.analysis_workers,
         queue_max=config.analysis_queue,
     )
-    context = ProxyContext(
-        upstream=config.upstream,
-        metrics=metrics,
-        pool=pool,
+    policy = Policy(
         models=frozenset(config.model_tokenizers),
         has_default_tokenizer=config.default_tokenizer is not None,
         max_body_bytes=config.max_body_bytes,
         inject_stream_usage=config.inject_stream_usage,
-        thread_mode=config.analysis_mode == "thread",
-        problems=ProblemLog(log),
     )
+    context = ProxyContext(config.upstream, metrics, pool, policy, ProblemLog(log))
     timeout = aiohttp.ClientTimeout(
         total=None,
         sock_connect=min(10.0, config.upstream_timeout_seconds),
@@ -101,15 +97,7 @@ def build_apps(
     traffic.cleanup_ctx.append(analysis_pool)
     traffic.router.add_route("*", "/{tail:.*}", handle)
 
-    admin = web.Application()
-    admin[POOL] = pool
-    admin[METRICS] = metrics
-    admin[RELOAD_LOCK] = asyncio.Lock()
-    admin.router.add_get("/metrics", metrics_view)
-    admin.router.add_get("/healthz", healthz)
-    admin.router.add_get("/readyz", readyz)
-    admin.router.add_post("/reload", reload_view)
-    return traffic, admin
+    return traffic, build_admin(pool, metrics)
 
 
 async def _start_pool(pool: AnalysisPool) -> None:
@@ -119,42 +107,6 @@ async def _start_pool(pool: AnalysisPool) -> None:
         raise
     except Exception as exc:  # the proxy keeps relaying without analysis; /readyz stays 503
         log.error("analysis pool failed to start: %s: %s", type(exc).__name__, exc)
-
-
-async def metrics_view(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
-async def readyz(request: web.Request) -> web.Response:
-    pool = request.app[POOL]
-    models = {r.label: ("error: " + r.error if r.error else "loaded") for r in pool.reports}
-    if pool.ready:
-        return web.json_response({"status": "ready", "tokenizers": models})
-    return web.json_response(
-        {"status": "loading" if not models else "error", "tokenizers": models}, status=503
-    )
-
-
-async def reload_tokenizers(admin: web.Application) -> tuple[bool, dict[str, str]]:
-    """Load every tokenizer again from disk (SIGHUP, POST /reload); the old ones serve until it succeeds."""
-    async with admin[RELOAD_LOCK]:
-        pool = admin[POOL]
-        log.info("reloading tokenizers")
-        reports = await pool.reload()
-    result = {r.label: ("error: " + r.error if r.error else "loaded") for r in reports}
-    return all(not r.error for r in reports), result
-
-
-async def reload_view(request: web.Request) -> web.Response:
-    ok, result = await reload_tokenizers(request.app)
-    return web.json_response(
-        {"status": "reloaded" if ok else "failed", "tokenizers": result}, status=200 if ok else 500
-    )
 
 
 class ProxyURLs(NamedTuple):
@@ -214,4 +166,32 @@ async def run_proxy(
         yield ProxyURLs(f"http://{host}:{port}", f"http://{admin_host}:{admin_port}", admin)
     finally:
         await traffic_runner.cleanup()
+        await admin_runner.cleanup()
+
+
+async def serve(config: ProxyConfig) -> None:
+    traffic, admin_runner, admin, port, admin_port = await start_runners(config)
+    log.info(
+        "relaying %s:%d -> %s; admin on %s:%d", config.listen_address[0], port, config.upstream,
+        config.admin_address[0], admin_port,
+    )  # fmt: skip
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    reloads: set[asyncio.Task[Any]] = set()
+
+    def on_hup() -> None:
+        task = loop.create_task(reload_tokenizers(admin))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    for sig, callback in ((signal.SIGHUP, on_hup), (signal.SIGTERM, stop.set), (signal.SIGINT, stop.set)):
+        with contextlib.suppress(NotImplementedError, AttributeError):  # no POSIX signals (Windows)
+            loop.add_signal_handler(sig, callback)
+    try:
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        for task in reloads:
+            task.cancel()
+        await traffic.cleanup()
         await admin_runner.cleanup()

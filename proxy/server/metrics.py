@@ -1,4 +1,5 @@
-"""Every islwatch metric, built by one function against an injected registry (a fresh one per test).
+"""Every islwatch metric, built by one function against an injected registry (a fresh one per test), and the
+only code that changes them: the handler, the pool and the admin app call the `Metrics` methods below.
 
 Names follow https://prometheus.io/docs/practices/naming/ (`_total` counters, base units, `_seconds`).
 Label values are bounded: models are configured names or "default"/"other"/"none", endpoints one of five,
@@ -7,6 +8,7 @@ reasons and causes fixed sets. Ops dashboards and alerts are built on these name
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -14,6 +16,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
+
+from proxy.server.problems import ProblemLog
+from proxy.server.records import AnalysisOutcome, TokenizerReport
+
+log = logging.getLogger("islwatch.metrics")
 
 # 1-2-5 steps from 1 to 1M tokens.
 ISL_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5) if m * 10**e <= 1_000_000)
@@ -68,6 +75,9 @@ class Metrics:
     # Labelled children by (metric, *label values): `.labels()` validates and locks on every call, and the
     # request path needs several per request. Label values are bounded (module docstring), so is this.
     _children: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False, compare=False)
+    # Per tokenizer key: the identity last loaded and the info series' labels (a reload replaces them).
+    _identities: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False, compare=False)
+    _info_labels: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)` (positional, in declaration order), cached. Never for removable series."""
@@ -76,6 +86,101 @@ class Metrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return found
+
+    # ---- the request path ---------------------------------------------------------------------------------
+
+    def relayed(self, model: str, endpoint: str, status: int | None) -> None:
+        self.child(self.requests, model, endpoint, status_class(status)).inc()
+
+    def bad_request(self, reason: str) -> None:
+        self.child(self.bad_requests, reason).inc()
+
+    def upstream_error(self, kind: str) -> None:
+        self.child(self.upstream_errors, kind).inc()
+
+    # ---- analysis -----------------------------------------------------------------------------------------
+
+    def dropped(self, n: int = 1) -> None:
+        self.analysis_dropped.inc(n)
+
+    def worker_exited(self) -> None:
+        self.analysis_worker_exits.inc()
+
+    def analysed(self, o: AnalysisOutcome, problems: ProblemLog) -> None:
+        """One analysed request (event loop thread only)."""
+        self.analysis_seconds.observe(o.seconds)
+        model, endpoint = o.model_label, o.endpoint
+        if o.error:
+            problems(
+                "analysis_error", "model %s endpoint %s: %s", model, endpoint, o.error, level=logging.ERROR
+            )
+            return
+        if o.bad_reason:
+            self.bad_request(o.bad_reason)
+            problems(o.bad_reason, "%s body is not a request of its endpoint (%s)", endpoint, o.detail or "-")
+            return
+        child = self.child
+        for kind, value in (("bare", o.bare), ("templated", o.templated), ("server", o.server)):
+            if value is not None:
+                child(self.isl_tokens, model, endpoint, kind).observe(value)
+        if o.fallback_reason:
+            child(self.fallback, model, o.fallback_reason).inc()
+        if o.match:
+            child(self.match, model, endpoint, o.match).inc()
+            if o.match == "no_server_count":
+                problems(
+                    "no_server_count",
+                    "model %s endpoint %s: response carried no usage",
+                    model,
+                    endpoint,
+                    level=logging.DEBUG,
+                )
+        if o.server is not None and o.expected is not None:
+            child(self.drift_tokens, model, endpoint).observe(o.server - o.expected)
+        if o.cause:
+            child(self.drift, model, endpoint, o.cause).inc()
+        if o.duplicate_bos_risk:
+            child(self.duplicate_bos_risk, model, endpoint).inc()
+
+    def tokenizers_loaded(self, reports: list[TokenizerReport]) -> None:
+        """Identity, change and parity series for a (re)load; the load is logged one line per model."""
+        for r in reports:
+            if r.error or r.identity is None:
+                log.error("tokenizer for model %s failed to load: %s", r.label, r.error)
+                continue
+            self._identity(r.key, r.label, r.identity)
+            if r.parity_ok is not None:
+                self.parity_ok.labels(model=r.label).set(1 if r.parity_ok else 0)
+            log.log(
+                logging.INFO if r.parity_ok is not False else logging.WARNING,
+                "tokenizer for model %s: %s (template %s); %s",
+                r.label,
+                r.identity["name"],
+                (r.identity["template_sha256"] or "none")[:12],
+                r.parity_summary,
+            )
+
+    def _identity(self, key: str, label: str, ident: dict[str, Any]) -> None:
+        labels = (
+            label,
+            str(ident["name"]),
+            str(ident["revision"] or ""),
+            str(ident["template_sha256"] or ""),
+            str(ident["tokenizer_sha256"]),
+            str(ident["transformers_version"]),
+        )
+        old = self._info_labels.get(key)
+        if old is not None and old != labels:
+            self.tokenizer_info.remove(*old)
+        self.tokenizer_info.labels(*labels).set(1)
+        self._info_labels[key] = labels
+        previous = self._identities.get(key)
+        if previous is not None and previous != ident:
+            self.tokenizer_changes.labels(model=label).inc()
+            log.warning("tokenizer identity changed for model %s on reload", label)
+        elif previous is None:
+            self.tokenizer_changes.labels(model=label)  # a zero series, so an increase() alert can fire
+        self._identities[key] = ident
 
 
 def build_metrics(registry: CollectorRegistry, process_metrics: bool = True) -> Metrics:

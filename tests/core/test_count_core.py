@@ -18,9 +18,9 @@ from proxy.core.count import (
     TEMPLATE_ERROR,
     TOKEN_IDS,
     count_request,
-    iterates_content_parts,
 )
 from proxy.core.extract import chat_input
+from proxy.core.tokens import iterates_content_parts
 
 
 def independent_chat_ids(tok: Any, messages: list[dict[str, Any]], **kw: Any) -> list[int]:

@@ -19,19 +19,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.core.count import count_request
+from proxy.server.analyzer import AnalysisSpec
+from proxy.server.frames import FRAME_HEAD, decode_job, decode_outcome, encode_job, encode_outcome
 from proxy.server.metrics import Metrics, build_metrics
 from proxy.server.pool import AnalysisPool
-from proxy.server.records import (
-    DEFAULT_KEY,
-    FRAME_HEAD,
-    AnalysisJob,
-    AnalysisOutcome,
-    decode_job,
-    decode_outcome,
-    encode_job,
-    encode_outcome,
-)
-from proxy.server.worker import AnalysisSpec, spec_from_json, spec_to_json
+from proxy.server.records import DEFAULT_KEY, AnalysisJob, AnalysisOutcome
 from tests.builders import build_tokenizer, save_tokenizer
 
 CHAT = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hello there, worker"}]}
@@ -64,9 +56,7 @@ def _alive(pid: int) -> bool:
 
 
 def _pids(pool: AnalysisPool) -> list[int]:
-    processes = pool._processes
-    assert processes is not None
-    return [w.proc.pid for w in processes.workers if w.proc is not None]
+    return pool.worker_pids()
 
 
 @pytest.mark.parametrize("response", [None, b"", b'{"usage": {"prompt_tokens": 7}}'])
@@ -93,7 +83,7 @@ def test_outcome_line_round_trips() -> None:
 
 def test_spec_crosses_as_json() -> None:
     spec = AnalysisSpec(tokenizers=(("", "builtin:mistral-v0.1"), ("m", "/x")), dump_dir="/d", dump_max=3)
-    assert spec_from_json(spec_to_json(spec)) == spec
+    assert AnalysisSpec.from_json(spec.to_json()) == spec
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +156,7 @@ async def test_worker_process_analyses_drops_when_full_and_survives_a_crash(buil
     finally:
         await pool.close()
     assert not any(_alive(pid) for pid in pids)
-    assert not pool._live
+    assert pool.live_workers == 0
 
 
 async def test_reload_swaps_only_loaded_workers_and_leaves_no_process(tmp_path: Path) -> None:
@@ -197,4 +187,4 @@ async def test_reload_swaps_only_loaded_workers_and_leaves_no_process(tmp_path: 
         await pool.close()
     assert pool.worker_exits == 0  # retired workers are not crashes
     assert not any(_alive(pid) for pid in seen)
-    assert not pool._live
+    assert pool.live_workers == 0

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,12 +20,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.emulator.app import EmulatorConfig, build_emulator_app
+from proxy.server.analyzer import AnalysisSpec
 from proxy.server.metrics import build_metrics
 from proxy.server.pool import AnalysisPool
 from proxy.server.records import AnalysisJob
-from proxy.server.worker import AnalysisSpec
 from tests.builders import save_tokenizer
 from tests.conftest import load_builtin
+from tests.eventually import eventually_async
 from tests.server.helpers import Background, fetch_metrics, serve_app, value, wait_metrics
 
 CHAT = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hello there"}]}
@@ -137,20 +137,14 @@ async def test_full_queue_drops_and_counts_instead_of_waiting() -> None:
     metrics = build_metrics(CollectorRegistry(), process_metrics=False)
     pool = AnalysisPool(AnalysisSpec(tokenizers=()), metrics, mode="thread", workers=1, queue_max=1)
     await pool.start()
-    release = threading.Event()
-    assert pool._backend is not None
-    pool._backend.executor.submit(release.wait)  # the only worker is busy
     job = AnalysisJob("chat", "default", "", b"", parsed=CHAT)
+    # No outcome can be applied before this coroutine yields: what is submitted stays in flight.
     assert pool.submit(job) is True  # queued: 1 in flight
     assert pool.submit(job) is False  # the queue is full: dropped at once
     assert pool.submit(job) is False
     registry = metrics.registry
     assert registry.get_sample_value("islwatch_analysis_dropped_total") == 2
     assert registry.get_sample_value("islwatch_analysis_queue_depth") == 1
-    release.set()
-    for _ in range(1000):
-        if pool.in_flight == 0:
-            break
-        await asyncio.sleep(0.01)
+    await eventually_async(lambda: pool.in_flight == 0, what="the queued analysis finished")
     assert registry.get_sample_value("islwatch_analysis_queue_depth") == 0
     await pool.close()

@@ -1,4 +1,5 @@
-"""FastCounter returns exactly what count_request returns, on real and test-built tokenizers, in many shapes."""
+"""count(FastEncoder(tok), ...) returns exactly what count_request returns, on real and test-built tokenizers,
+in many shapes; each shortcut is proven at load or off."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from proxy.core.fastcount import FastCounter
 
-from proxy.core.count import count_request
+from proxy.core.count import count, count_request
+from proxy.core.encoders import ReferenceEncoder
+from proxy.core.extract import chat_input
+from proxy.core.fast import FastEncoder, best_encoder
+from proxy.core.tokens import render_chat
 from tests.builders import SPECIALS, TEMPLATES, build_tokenizer
 from tests.conftest import FAMILIES, load_builtin, load_shared
 
@@ -18,18 +22,18 @@ BUILT = [(style, None) for style in TEMPLATES] + [("chatml", True), ("llama3", F
 
 
 @cache
-def shared_counter(family: str) -> FastCounter:
-    return FastCounter(load_shared(family).tokenizer)
+def shared_counter(family: str) -> FastEncoder:
+    return FastEncoder(load_shared(family).tokenizer)
 
 
 @cache
-def built_counter(style: str, add_bos: bool | None) -> FastCounter:
-    return FastCounter(build_tokenizer(style, add_bos))
+def built_counter(style: str, add_bos: bool | None) -> FastEncoder:
+    return FastEncoder(build_tokenizer(style, add_bos))
 
 
 @lru_cache(maxsize=1)
-def builtin_counter() -> FastCounter:
-    return FastCounter(load_builtin().tokenizer)
+def builtin_counter() -> FastEncoder:
+    return FastEncoder(load_builtin().tokenizer)
 
 
 def all_counters() -> list[tuple[str, Any]]:
@@ -44,7 +48,7 @@ COUNTERS = all_counters()
 
 
 @pytest.fixture(params=[f for _, f in COUNTERS], ids=[i for i, _ in COUNTERS])
-def counter(request: pytest.FixtureRequest) -> FastCounter:
+def counter(request: pytest.FixtureRequest) -> FastEncoder:
     return request.param()
 
 
@@ -111,11 +115,11 @@ BODIES: list[tuple[str, Any]] = [
 
 
 @pytest.mark.parametrize(("endpoint", "body"), BODIES, ids=[f"{e}-{i}" for i, (e, _) in enumerate(BODIES)])
-def test_equal_to_count_request(counter: FastCounter, endpoint: str, body: Any) -> None:
-    assert counter.count(endpoint, body) == count_request(counter.tok, endpoint, body)
+def test_equal_to_count_request(counter: FastEncoder, endpoint: str, body: Any) -> None:
+    assert count(counter, endpoint, body) == count_request(counter.tok, endpoint, body)
 
 
-def test_growing_conversation_equal_and_reused(counter: FastCounter) -> None:
+def test_growing_conversation_equal_and_reused(counter: FastEncoder) -> None:
     """Request k of a conversation repeats turns 1..k-1: counts stay exact while earlier pieces are reused."""
     before = counter.cache_stats()["piece_hits"]
     history: list[dict[str, Any]] = []
@@ -126,7 +130,7 @@ def test_growing_conversation_equal_and_reused(counter: FastCounter) -> None:
         if history[-1]["role"] != "user":
             continue
         body = {"messages": list(history)}
-        assert counter.count("chat", body) == count_request(counter.tok, "chat", body)
+        assert count(counter, "chat", body) == count_request(counter.tok, "chat", body)
     if counter.reuse_proven:
         assert counter.cache_stats()["piece_hits"] > before
 
@@ -136,35 +140,37 @@ def test_shared_tokenizers_are_proven(shared_family: str) -> None:
     fc = shared_counter(shared_family)
     assert fc.direct_proven
     assert fc.reuse_proven
-    assert fc._compiled is not None  # plain chats take the compiled-template shortcut
+    assert fc.render_proven  # plain chats take the compiled-template shortcut
 
 
 def test_caches_hold_no_text() -> None:
     fc = built_counter("chatml", None)
     secret = "my secret prompt text 8c1f"
-    fc.count("chat", {"messages": [{"role": "user", "content": secret}]})
-    for lru in (fc._texts, fc._pieces):
-        for key in lru._data:
-            parts = key if isinstance(key, tuple) else (key,)
-            assert all(not (isinstance(p, str) and "secret" in p) for p in parts)
+    count(fc, "chat", {"messages": [{"role": "user", "content": secret}]})
+    keys = fc.cache_keys()
+    assert keys
+    for key in keys:
+        parts = key if isinstance(key, tuple) else (key,)
+        assert all(not (isinstance(p, str) and "secret" in p) for p in parts)
 
 
 def test_cache_is_bounded() -> None:
-    fc = FastCounter(build_tokenizer("chatml"), cache_entries=5)
+    fc = FastEncoder(build_tokenizer("chatml"), cache_entries=5)
     for i in range(20):
         body = {"messages": [{"role": "user", "content": f"message number {i}"}]}
-        assert fc.count("chat", body) == count_request(fc.tok, "chat", body)
-    assert len(fc._texts) <= 5
-    assert len(fc._pieces) <= 5
+        assert count(fc, "chat", body) == count_request(fc.tok, "chat", body)
+    stats = fc.cache_stats()
+    assert stats["text_entries"] <= 5
+    assert stats["piece_entries"] <= 5
 
 
 def test_split_special_tokens_disables_reuse_but_stays_exact() -> None:
     tok = build_tokenizer("chatml")
     tok.split_special_tokens = True
-    fc = FastCounter(tok)
+    fc = FastEncoder(tok)
     assert not fc.reuse_proven
     body = {"messages": turns(3, TEXTS)}
-    assert fc.count("chat", body) == count_request(tok, "chat", body)
+    assert count(fc, "chat", body) == count_request(tok, "chat", body)
 
 
 def test_single_word_added_token_disables_reuse() -> None:
@@ -172,10 +178,10 @@ def test_single_word_added_token_disables_reuse() -> None:
 
     tok = build_tokenizer("chatml")
     tok.add_tokens([AddedToken("fox", single_word=True)])
-    fc = FastCounter(tok)
+    fc = FastEncoder(tok)
     assert not fc.reuse_proven
     body = {"messages": [{"role": "user", "content": "the fox, foxes and a fox."}]}
-    assert fc.count("chat", body) == count_request(tok, "chat", body)
+    assert count(fc, "chat", body) == count_request(tok, "chat", body)
 
 
 def test_tokenizer_without_rust_backend_falls_back() -> None:
@@ -195,10 +201,10 @@ def test_tokenizer_without_rust_backend_falls_back() -> None:
             return self._inner(*a, **k)
 
     tok = Plain(build_tokenizer("llama3"))
-    fc = FastCounter(tok)
+    fc = FastEncoder(tok)
     assert not fc.direct_proven and not fc.reuse_proven
     body = {"messages": turns(3, TEXTS)}
-    assert fc.count("chat", body) == count_request(tok, "chat", body)
+    assert count(fc, "chat", body) == count_request(tok, "chat", body)
 
 
 ALPHABET = st.sampled_from(
@@ -237,20 +243,48 @@ def test_hypothesis_conversations(factory: Any, texts: list[str], system: str | 
         messages.insert(0, {"role": "system", "content": system})
     for k in range(1, len(messages) + 1):  # every prefix, in order: the multi-turn reuse path
         body = {"messages": messages[:k], "add_generation_prompt": gen}
-        assert fc.count("chat", body) == count_request(fc.tok, "chat", body)
+        assert count(fc, "chat", body) == count_request(fc.tok, "chat", body)
 
 
 @pytest.mark.parametrize("k", [1, 2, 5])
-def test_direct_render_is_apply_chat_template(counter: FastCounter, k: int) -> None:
+def test_direct_render_is_apply_chat_template(counter: FastEncoder, k: int) -> None:
     """The compiled-template shortcut renders exactly the text apply_chat_template renders."""
-    from proxy.core.count import render_chat
-    from proxy.core.extract import chat_input
-
     for gen in (True, False):
         body = {"messages": turns(k, TEXTS), "add_generation_prompt": gen}
-        chat = chat_input(body, counter._parts_format)
+        chat = chat_input(body, counter.parts_format)
         try:
-            expected = render_chat(counter.tok, chat, tokenize=False)
+            expected = render_chat(counter.tok, chat)
         except Exception:
             continue  # a template that refuses the shape: nothing to compare
-        assert counter._render(chat) == expected
+        assert counter.render(chat) == expected
+
+
+def test_render_shortcut_is_proven_at_load() -> None:
+    """A compiled template that renders differently from apply_chat_template is not used."""
+
+    class Skewed(FastEncoder):
+        def _render_compiled(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+            return super()._render_compiled(messages, add_generation_prompt) + " "
+
+    tok = build_tokenizer("chatml")
+    assert FastEncoder(tok).render_proven
+    skewed = Skewed(tok)
+    assert not skewed.render_proven
+    body = {"messages": turns(3, TEXTS)}
+    assert count(skewed, "chat", body) == count_request(tok, "chat", body)
+
+
+def test_best_encoder_falls_back_to_the_reference() -> None:
+    """Nothing proven (no Rust backend, no compiled template): the reference encoder itself is used."""
+
+    class Opaque:
+        chat_template = None
+
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def __call__(self, *a: Any, **k: Any) -> Any:
+            return self._inner(*a, **k)
+
+    assert type(best_encoder(Opaque(build_tokenizer("chatml")))) is ReferenceEncoder
+    assert isinstance(best_encoder(build_tokenizer("chatml")), FastEncoder)

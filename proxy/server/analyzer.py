@@ -1,0 +1,166 @@
+"""The analysis of one request, as run inside an analysis worker (a process, or a thread).
+
+`Analyzer.load(spec)` loads every tokenizer once (with its fast encoder and drift profile);
+`analyzer.analyze(job)` turns one `AnalysisJob` into an `AnalysisOutcome`: count the request as the
+configured server flavor would, read the server's count from its usage, compare, name the drift cause,
+optionally dump a mismatch. No aiohttp and no prometheus_client here: Prometheus counters live in the main
+process, which applies the outcome (`Metrics.analysed`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+
+from proxy.core.count import INVALID_BODY, NO_TEMPLATE, CountResult, Encoder
+from proxy.core.diagnose import DriftProfile, build_profile, classify
+from proxy.core.fast import best_encoder
+from proxy.core.flavor import count_as, flavored_tokenizer
+from proxy.core.tokenizer import LoadedTokenizer, TokenizerLoadError, load_tokenizer
+from proxy.core.usage import usage_from_json_bytes
+from proxy.parity.gate import startup_self_check
+from proxy.server.dump import MismatchDumper
+from proxy.server.records import DEFAULT_KEY, DEFAULT_LABEL, AnalysisJob, AnalysisOutcome, TokenizerReport
+
+log = logging.getLogger("islwatch.analysis")
+
+# Fallback reasons that mean "counted without the template" (exported in islwatch_fallback_total).
+_FALLBACKS_COUNTED = ("no_template", "template_error", "tokenizer_error")
+
+
+@dataclass(frozen=True)
+class AnalysisSpec:
+    """What a worker needs to load its state; plain values, so it crosses to a worker process as JSON."""
+
+    tokenizers: tuple[tuple[str, str], ...]  # (key, spec); key DEFAULT_KEY is the default tokenizer
+    chat_template: str | None = None
+    trust_remote_code: bool = False
+    dump_dir: str | None = None
+    dump_max: int = 100
+    server_flavor: str = "vllm"
+
+    def to_json(self) -> str:
+        return orjson.dumps(asdict(self)).decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> AnalysisSpec:
+        fields = orjson.loads(text)
+        fields["tokenizers"] = tuple((str(k), str(v)) for k, v in fields["tokenizers"])
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    loaded: LoadedTokenizer
+    encoder: Encoder  # exact by construction: each shortcut is proven on this tokenizer at load
+    profile: DriftProfile
+
+
+def _label(key: str) -> str:
+    return DEFAULT_LABEL if key == DEFAULT_KEY else key
+
+
+def _match(result: CountResult, server: int | None) -> str:
+    if result.fallback_reason == NO_TEMPLATE:
+        return "no_template"
+    if server is None or result.expected_server is None:
+        return "no_server_count"
+    return "exact" if server == result.expected_server else "mismatch"
+
+
+class Analyzer:
+    def __init__(self, spec: AnalysisSpec) -> None:
+        self.spec = spec
+        self.entries: dict[str, _Entry] = {}
+        self.errors: dict[str, str] = {}
+        self._dumper = MismatchDumper(spec.dump_dir, spec.dump_max) if spec.dump_dir else None
+
+    @classmethod
+    def load(cls, spec: AnalysisSpec) -> Analyzer:
+        """Load every tokenizer; a failure is recorded per model (reported by `describe`), never raised."""
+        state = cls(spec)
+        for key, tok_spec in spec.tokenizers:
+            try:
+                loaded = load_tokenizer(tok_spec, None, spec.chat_template, spec.trust_remote_code)
+            except TokenizerLoadError as exc:
+                state.errors[key] = str(exc)
+                continue
+            counting_tok = flavored_tokenizer(loaded.tokenizer, spec.server_flavor)
+            state.entries[key] = _Entry(loaded, best_encoder(counting_tok), build_profile(counting_tok))
+        return state
+
+    def describe(self) -> list[TokenizerReport]:
+        """Identities and the parity self-check, once per load (run by one worker)."""
+        reports = []
+        for key, _ in self.spec.tokenizers:
+            if key in self.errors:
+                reports.append(TokenizerReport(key, _label(key), None, None, "", error=self.errors[key]))
+                continue
+            entry = self.entries[key]
+            check = startup_self_check(entry.loaded.tokenizer)
+            reports.append(
+                TokenizerReport(key, _label(key), entry.loaded.identity.as_dict(), check.ok, check.summary)
+            )
+        return reports
+
+    def analyze(self, job: AnalysisJob) -> AnalysisOutcome:
+        """Never raises: an internal error becomes an outcome with `error` set."""
+        start = time.perf_counter()
+        try:
+            fields = self._analyze(job)
+        except Exception as exc:  # the boundary that must never fail: counted by the caller
+            fields = {"error": f"internal error: {type(exc).__name__}"}
+        return AnalysisOutcome(
+            endpoint=job.endpoint,
+            model_label=job.model_label,
+            seconds=time.perf_counter() - start,
+            **fields,
+        )
+
+    def _analyze(self, job: AnalysisJob) -> dict[str, Any]:
+        entry = self.entries.get(job.tokenizer_key)
+        if entry is None:
+            return {"error": "tokenizer not loaded"}
+        body = job.parsed if job.parsed is not None else orjson.loads(job.body)
+        result = count_as(self.spec.server_flavor, entry.encoder, job.endpoint, body, job.streamed)
+        if result.fallback_reason == INVALID_BODY:
+            return {"bad_reason": "not_a_request", "detail": result.detail}
+        server = job.server_tokens
+        if server is None and job.response_json is not None:
+            usage = usage_from_json_bytes(job.response_json)
+            server = usage.input_tokens if usage is not None else None
+        match = _match(result, server)
+        cause = classify(result, server, entry.profile) if server is not None else None
+        if match == "mismatch" and self._dumper is not None:
+            self._dumper.write(self._dump_record(job, body, result, server, cause, entry))
+        return {
+            "bare": result.bare,
+            "templated": result.templated,
+            "expected": result.expected_server,
+            "server": server,
+            "match": match,
+            "cause": cause,
+            "fallback_reason": result.fallback_reason
+            if result.fallback_reason in _FALLBACKS_COUNTED
+            else None,
+            "detail": result.detail,
+            "duplicate_bos_risk": result.bos_prefixed_prompt,
+        }
+
+    @staticmethod
+    def _dump_record(
+        job: AnalysisJob, body: Any, result: CountResult, server: int | None, cause: str | None, entry: _Entry
+    ) -> dict[str, Any]:
+        return {
+            "model": job.model_label,
+            "endpoint": job.endpoint,
+            "server_prompt_tokens": server,
+            "cause": cause,
+            "count": result.as_dict(),
+            "tokenizer": entry.loaded.identity.as_dict(),
+            "request": body,
+        }

@@ -1,0 +1,143 @@
+"""The request side of the data path: read the body (bounded), note the model and the stream flag, decide
+whether the request will be analysed and what goes upstream. Nothing here tokenizes; a problem with the
+request only costs its analysis (counted in `islwatch_bad_requests_total`, logged in one throttled line).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy.core.endpoints import SHAPES, Endpoint, endpoint_of
+from proxy.server.metrics import Metrics
+from proxy.server.problems import ProblemLog
+from proxy.server.records import NONE_LABEL, OTHER_ENDPOINT, route_model
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The handler's settings, built once by `app.build_apps`."""
+
+    models: frozenset[str]
+    has_default_tokenizer: bool
+    max_body_bytes: int
+    inject_stream_usage: bool
+
+
+@dataclass(frozen=True)
+class Inspected:
+    endpoint: Endpoint | None  # None: a path or method islwatch only relays
+    data: Any  # what goes upstream: the body bytes, a stream, or the body asking for usage
+    body: bytes = b""
+    parsed: dict[str, Any] | None = None
+    model_label: str = NONE_LABEL
+    tokenizer_key: str | None = None  # None: not analysed
+    injected: bool = False  # stream_options.include_usage was added; the answer is stripped of it again
+
+    @property
+    def endpoint_label(self) -> str:
+        return self.endpoint or OTHER_ENDPOINT
+
+
+async def read_limited(content: aiohttp.StreamReader, limit: int) -> tuple[bytes, bool]:
+    """Read the body up to `limit` bytes: (bytes read, True if that is the whole body)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in content.iter_any():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return b"".join(chunks), False
+    return b"".join(chunks), True
+
+
+async def _chain(prefix: bytes, rest: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    yield prefix
+    async for chunk in rest.iter_any():
+        yield chunk
+
+
+def parse_body(body: bytes) -> tuple[Any, str | None]:
+    """Parse the request body: (object, None) or (None, reason). The request path's only JSON parse."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError:
+            return None, "non_utf8"
+        return None, "invalid_json"
+    return (obj, None) if isinstance(obj, dict) else (None, "not_a_request")
+
+
+def json_content_type(ctype: str | None) -> bool:
+    # As FastAPI (vLLM, SGLang) decides whether to parse a body as JSON: absent, application/json or +json.
+    if not ctype:
+        return True
+    main = ctype.split(";", 1)[0].strip().lower()
+    return main == "application/json" or (main.startswith("application/") and main.endswith("+json"))
+
+
+def wants_injection(obj: dict[str, Any]) -> bool:
+    """A streaming request that did not ask for usage; other stream_options keys (vLLM's
+    continuous_usage_stats) would change every chunk once usage is on, so those are left alone."""
+    if obj.get("stream") is not True:
+        return False
+    opts = obj.get("stream_options")
+    return opts is None or (
+        isinstance(opts, dict) and set(opts) <= {"include_usage"} and not opts.get("include_usage")
+    )
+
+
+async def inspect(request: web.Request, policy: Policy, metrics: Metrics, problems: ProblemLog) -> Inspected:
+    endpoint = endpoint_of(request.method, request.path)
+    if endpoint is None or not request.body_exists:
+        return Inspected(endpoint, request.content if request.body_exists else None)
+    body, complete = await read_limited(request.content, policy.max_body_bytes)
+    if not complete:
+        metrics.bad_request("body_too_large")
+        problems(
+            "body_too_large",
+            "%s body above max_body_bytes=%d: relayed, not analysed",
+            endpoint,
+            policy.max_body_bytes,
+        )
+        return Inspected(endpoint, _chain(body, request.content))
+    reason: str | None = "wrong_content_type"
+    parsed: Any = None
+    if json_content_type(request.headers.get("Content-Type")):
+        parsed, reason = parse_body(body)
+    if reason is not None:
+        metrics.bad_request(reason)
+        problems(reason, "%s request not analysed (%d bytes)", endpoint, len(body))
+        return Inspected(endpoint, body, body)
+    return _routed(endpoint, body, parsed, policy, metrics, problems)
+
+
+def _routed(
+    endpoint: Endpoint,
+    body: bytes,
+    parsed: dict[str, Any],
+    policy: Policy,
+    metrics: Metrics,
+    problems: ProblemLog,
+) -> Inspected:
+    route = route_model(parsed.get("model"), policy.models, policy.has_default_tokenizer)
+    if route.unknown:
+        metrics.bad_request("unknown_model")
+        problems("unknown_model", "a model not in --model-tokenizer: counted as %r", route.label)
+    data: bytes = body
+    injected = (
+        policy.inject_stream_usage
+        and route.tokenizer_key is not None
+        and SHAPES[endpoint].include_usage
+        and wants_injection(parsed)
+    )
+    if injected:  # ask for usage upstream; the tap hides it from the client again
+        data = orjson.dumps({**parsed, "stream_options": {"include_usage": True}})
+    return Inspected(endpoint, data, body, parsed, route.label, route.tokenizer_key, injected)

@@ -1,0 +1,94 @@
+"""Relaying the upstream's answer: each chunk to the client as it arrives, while a usage tap watches the bytes.
+
+The tap never changes what the client receives, except to undo what `--inject-stream-usage` added
+(core/usage.py `SSEUsageStripper`). A JSON answer's tail is kept for the worker to read usage from; an event
+stream is parsed as it passes (`SSEUsageParser`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import aiohttp
+from aiohttp import web
+
+from proxy.core.usage import SSEUsageParser, SSEUsageStripper
+from proxy.server.upstream import failure_kind, forward_headers
+
+log = logging.getLogger("islwatch.proxy")
+
+
+class UsageTap:
+    """Reads the server's usage from the response bytes that pass through it."""
+
+    def __init__(self, sse: bool, strip: bool, cap: int) -> None:
+        self.parser = SSEUsageParser() if sse else None
+        self.stripper = SSEUsageStripper(self.parser) if sse and strip and self.parser else None
+        self.cap = cap
+        self._tail: bytearray | None = None if sse else bytearray()
+
+    @property
+    def streamed(self) -> bool:
+        return self.parser is not None
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self.stripper is not None:
+            return self.stripper.feed(chunk)
+        if self.parser is not None:
+            self.parser.feed(chunk)
+        elif self._tail is not None:
+            self._tail += chunk
+            if len(self._tail) > 2 * self.cap:  # keep the tail: usage comes last
+                del self._tail[: -self.cap]
+        return chunk
+
+    def flush(self) -> bytes:
+        return self.stripper.flush() if self.stripper is not None else b""
+
+    def server_tokens(self) -> int | None:
+        usage = self.parser.result() if self.parser is not None else None
+        return usage.input_tokens if usage is not None else None
+
+    def response_json(self) -> bytes | None:
+        return bytes(self._tail[-self.cap :]) if self._tail is not None else None
+
+
+def client_response(upstream: aiohttp.ClientResponse, injected: bool) -> web.StreamResponse:
+    """Same status, reason and headers as the upstream's (minus hop-by-hop; minus the length when the
+    injected usage is stripped from the body)."""
+    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+    response.headers.extend(forward_headers(upstream.headers, drop_length=injected))
+    return response
+
+
+def is_event_stream(upstream: aiohttp.ClientResponse) -> bool:
+    return upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+
+
+async def relay(
+    request: web.Request, upstream: aiohttp.ClientResponse, response: web.StreamResponse, tap: UsageTap | None
+) -> str | None:
+    """Copy the upstream body to the client. Returns the failure kind when the upstream failed mid-body
+    (the client then sees the connection close before the body ended, as it would talking to the upstream
+    directly); None when the body was relayed whole or the client went away."""
+    try:
+        async for chunk in upstream.content.iter_any():
+            if tap is not None:
+                chunk = tap.feed(chunk)
+            if chunk:
+                await response.write(chunk)
+        if tap is not None and (rest := tap.flush()):
+            await response.write(rest)
+        await response.write_eof()
+        return None
+    except BaseException as exc:
+        upstream.close()  # never leave the upstream request (and the generation behind it) running
+        kind = failure_kind(exc)
+        if isinstance(exc, ConnectionResetError):
+            return None  # the client went away
+        if kind is None:
+            raise  # cancelled (client disconnect) or a bug
+        # Closing without write_eof leaves the chunked body (or Content-Length) incomplete.
+        if request.transport is not None:
+            request.transport.close()
+        return kind

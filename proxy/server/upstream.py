@@ -1,0 +1,101 @@
+"""The call to the one configured upstream: which headers cross, and ONE table of what its failures mean.
+
+Like httpx maps transport errors once, every aiohttp failure of the upstream call, opening the request or
+mid-stream, is classified by `failure_kind`; the kind labels `islwatch_upstream_errors_total` and picks the
+status the client gets when no upstream response exists (`FAILURE_STATUS`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy, istr
+from yarl import URL
+
+# RFC 9110 section 7.6.1: connection-specific fields are not forwarded by a proxy. Host is the upstream's.
+HOP_BY_HOP = frozenset(
+    istr(h)
+    for h in (
+        "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
+        "TE", "Trailer", "Trailers", "Transfer-Encoding", "Upgrade",
+        "Expect",  # 100-continue is answered by this hop (aiohttp does it when the body is read)
+    )
+)  # fmt: skip
+# Defaults aiohttp's client would add when the client did not send them: the upstream must see only what
+# the client sent.
+SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+# The proxy's own answer when no upstream response exists (RFC 9110 15.6.3 and 15.6.5).
+FAILURE_STATUS = {"connect": 502, "reset": 502, "timeout": 504}
+
+
+def failure_kind(exc: BaseException) -> str | None:
+    """connect | timeout | reset for a failure of the upstream call; None for anything else (a client that
+    went away raises ConnectionResetError while we write to it: not the upstream's failure)."""
+    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.InvalidURL):
+        return "connect"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, ConnectionResetError):
+        return None
+    if isinstance(exc, aiohttp.ClientError):  # ServerDisconnected, ClientOSError, ClientPayloadError...
+        return "reset"
+    return None
+
+
+class UpstreamFailed(Exception):
+    """No upstream response to relay; `kind` is `failure_kind` of the cause."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+
+
+def forward_headers(headers: CIMultiDictProxy[str], drop_length: bool) -> CIMultiDict[str]:
+    named = {istr(v.strip()) for v in headers.getall("Connection", ()) for v in v.split(",") if v.strip()}
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        if (
+            name in HOP_BY_HOP
+            or name in named
+            or name == "Host"
+            or (drop_length and name == "Content-Length")
+        ):
+            continue
+        out.add(name, value)
+    return out
+
+
+def upstream_url(base: str, request: web.Request) -> URL:
+    # The path and query go upstream exactly as the client wrote them (encoded=True: no re-quoting); an
+    # absolute-form target (`GET http://elsewhere/ HTTP/1.1`) contributes only its path: not an open proxy.
+    return URL(base + request.rel_url.raw_path_qs, encoded=True)
+
+
+async def open_upstream(
+    session: aiohttp.ClientSession, base: str, request: web.Request, data: Any
+) -> aiohttp.ClientResponse:
+    """Send the request upstream and wait for its status line and headers; raises UpstreamFailed."""
+    headers = forward_headers(request.headers, drop_length=isinstance(data, bytes))
+    try:
+        return await session.request(
+            request.method, upstream_url(base, request), headers=headers, data=data,
+            allow_redirects=False, skip_auto_headers=SKIP_AUTO_HEADERS,
+        )  # fmt: skip
+    except Exception as exc:
+        kind = failure_kind(exc)
+        if kind is None:
+            raise
+        detail = "no response within upstream_timeout_seconds" if kind == "timeout" else type(exc).__name__
+        raise UpstreamFailed(kind, detail) from exc
+
+
+def error_response(exc: UpstreamFailed) -> web.Response:
+    """An OpenAI-style error object, so SDKs surface it like any API error."""
+    message = f"islwatch: upstream {exc.kind} error ({exc})"
+    body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": exc.kind}}
+    return web.Response(
+        status=FAILURE_STATUS[exc.kind], body=orjson.dumps(body), content_type="application/json"
+    )
