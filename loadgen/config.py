@@ -8,15 +8,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from proxy.core.endpoints import SHAPES, Endpoint
 from proxy.core.specs import DEFAULT_TOKENIZER
 
 from .markers import CacheBust
-
-ENDPOINT_PATHS = {
-    "chat": "/v1/chat/completions",
-    "completions": "/v1/completions",
-    "embeddings": "/v1/embeddings",
-}
 
 
 class LoadgenConfig(BaseModel):
@@ -62,7 +57,7 @@ class LoadgenConfig(BaseModel):
         base = self.url.rstrip("/")
         if base.endswith("/v1"):
             base = base[: -len("/v1")]
-        return base + ENDPOINT_PATHS[self.endpoint]
+        return base + SHAPES[Endpoint(self.endpoint)].path
 
 
 def contradictions(c: LoadgenConfig) -> list[str]:

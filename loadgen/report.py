@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .runner import Record
+from .replies import Record
 
 
 class Percentiles(BaseModel):

@@ -11,52 +11,14 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
-import orjson
 
 from .config import LoadgenConfig
+from .replies import Outcome, Record, StreamTimer, failed, json_outcome
 from .workload import Conversation, Request, Workload
 
 JSON_HEADERS = {"Content-Type": "application/json"}
-
-
-@dataclass(frozen=True)
-class Record:
-    """One request's outcome: one line of --records."""
-
-    conversation: str
-    turn: int
-    warmup: bool
-    turn_isl: int
-    target_isl: int
-    client_isl: int | None
-    server_prompt_tokens: int | None
-    reply_tokens: int
-    output_tokens: int | None
-    status: int | None
-    error: str | None  # transport or HTTP error
-    budget_error: str | None  # the request could not be budgeted exactly
-    sent_at: float  # time.monotonic(), comparable across worker processes on one machine
-    scheduled_at: float | None  # open loop: when the schedule said to send
-    send_lateness_ms: float | None
-    latency_ms: float | None  # end to end
-    ttft_ms: float | None
-    itl_ms: float | None  # mean gap between content chunks
-
-
-@dataclass(frozen=True)
-class Outcome:
-    status: int | None
-    error: str | None
-    reply: str | None
-    prompt_tokens: int | None
-    output_tokens: int | None
-    latency_ms: float | None
-    ttft_ms: float | None
-    itl_ms: float | None
 
 
 def arrivals(rate: float, kind: str, seed: str, phase: float = 0.0) -> Iterator[float]:
@@ -71,53 +33,6 @@ def arrivals(rate: float, kind: str, seed: str, phase: float = 0.0) -> Iterator[
         t = t + rng.expovariate(rate) if kind == "poisson" else phase + i / rate
 
 
-def _text_of(choice: dict[str, Any], streaming: bool) -> str:
-    if streaming:
-        delta = choice.get("delta") or {}
-        return delta.get("content") or choice.get("text") or ""
-    message = choice.get("message") or {}
-    return message.get("content") or choice.get("text") or ""
-
-
-def _usage(obj: Any) -> tuple[int | None, int | None]:
-    usage = obj.get("usage") if isinstance(obj, dict) else None
-    if not isinstance(usage, dict):
-        return None, None
-    return usage.get("prompt_tokens"), usage.get("completion_tokens")
-
-
-class StreamTimer:
-    """Feeds SSE lines; keeps the reply text, content-chunk times and the last usage seen."""
-
-    def __init__(self) -> None:
-        self.parts: list[str] = []
-        self.times: list[float] = []
-        self.prompt_tokens: int | None = None
-        self.completion_tokens: int | None = None
-
-    def feed_line(self, line: bytes, now: float) -> None:
-        line = line.strip()
-        if not line.startswith(b"data:"):
-            return
-        payload = line[5:].strip()
-        if payload == b"[DONE]" or not payload:
-            return
-        try:
-            obj = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return
-        if not isinstance(obj, dict):
-            return
-        prompt, completion = _usage(obj)
-        if prompt is not None:
-            self.prompt_tokens, self.completion_tokens = prompt, completion
-        for choice in obj.get("choices") or []:
-            text = _text_of(choice, True) if isinstance(choice, dict) else ""
-            if text:
-                self.parts.append(text)
-                self.times.append(now)
-
-
 async def send(session: aiohttp.ClientSession, url: str, req: Request, cfg: LoadgenConfig) -> Outcome:
     start = time.perf_counter()
     try:
@@ -126,33 +41,12 @@ async def send(session: aiohttp.ClientSession, url: str, req: Request, cfg: Load
                 timer = StreamTimer()
                 async for line in resp.content:
                     timer.feed_line(line, time.perf_counter())
-                end = time.perf_counter()
-                gaps = [b - a for a, b in zip(timer.times, timer.times[1:], strict=False)]
-                return Outcome(
-                    200,
-                    None,
-                    "".join(timer.parts),
-                    timer.prompt_tokens,
-                    timer.completion_tokens if timer.completion_tokens is not None else len(timer.times),
-                    (end - start) * 1000,
-                    (timer.times[0] - start) * 1000 if timer.times else None,
-                    (sum(gaps) / len(gaps)) * 1000 if gaps else None,
-                )
+                return timer.outcome(start, time.perf_counter())
             raw = await resp.read()
             end = time.perf_counter()
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        return Outcome(None, type(exc).__name__, None, None, None, None, None, None)
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        obj = None
-    latency = (end - start) * 1000
-    if resp.status != 200 or not isinstance(obj, dict):
-        return Outcome(resp.status, f"HTTP {resp.status}", None, None, None, latency, None, None)
-    prompt, completion = _usage(obj)
-    choices = obj.get("choices") or []
-    reply = _text_of(choices[0], False) if choices and isinstance(choices[0], dict) else ""
-    return Outcome(200, None, reply, prompt, completion, latency, None, None)
+        return failed(type(exc).__name__)
+    return json_outcome(resp.status, raw, (end - start) * 1000)
 
 
 class Engine:
@@ -210,7 +104,7 @@ class Engine:
             assert self._session is not None
             out = await send(self._session, self.cfg.endpoint_url, req, self.cfg)
         else:
-            out = Outcome(None, "not sent", None, None, None, None, None, None)
+            out = failed("not sent")
         rec = Record(
             conversation=conv.id,
             turn=req.turn,

@@ -37,7 +37,7 @@ def _pct_row(name: str, p: Percentiles | None, digits: int = 2) -> list[str]:
     ]
 
 
-def print_report(console: Console, r: LoadgenReport) -> None:
+def _isl_table(r: LoadgenReport) -> Table:
     isl = r.isl
     t = Table(title=f"ISL: target vs achieved (run {r.run_id})")
     t.add_column("", no_wrap=True)
@@ -80,33 +80,33 @@ def print_report(console: Console, r: LoadgenReport) -> None:
         others = ", ".join(f"{k} {v:g}" for k, v in sorted(match.items()) if k != "exact")
         t.add_row("proxy's own match", "", f"{exact}/{total}", _pct(exact / total if total else None), others,
                   "", "", "")  # fmt: skip
-    console.print(t)
-    if isl.budget_errors:
-        console.print(
-            f"[yellow]{isl.budget_errors} request(s) could not be budgeted exactly:[/] "
-            + "; ".join(isl.budget_error_samples)
+    return t
+
+
+def _turn_table(r: LoadgenReport) -> Table:
+    tt = Table(title="per turn")
+    for col in (
+        "turn",
+        "requests",
+        "ISL added",
+        "target (whole request)",
+        "client exact",
+        "server exact",
+    ):
+        tt.add_column(col, justify="right")
+    for s in r.turns:
+        tt.add_row(
+            str(s.turn),
+            str(s.requests),
+            _f(s.turn_isl_mean),
+            _f(s.target_mean),
+            _pct(s.client_exact_rate),
+            _pct(s.server_exact_rate),
         )
-    if len(r.turns) > 1:
-        tt = Table(title="per turn")
-        for col in (
-            "turn",
-            "requests",
-            "ISL added",
-            "target (whole request)",
-            "client exact",
-            "server exact",
-        ):
-            tt.add_column(col, justify="right")
-        for s in r.turns:
-            tt.add_row(
-                str(s.turn),
-                str(s.requests),
-                _f(s.turn_isl_mean),
-                _f(s.target_mean),
-                _pct(s.client_exact_rate),
-                _pct(s.server_exact_rate),
-            )
-        console.print(tt)
+    return tt
+
+
+def _latency_table(r: LoadgenReport) -> Table:
     lt = Table(title="latency (ms)")
     for col in ("", "mean", "p50", "p90", "p99", "max", "n"):
         lt.add_column(col, justify="right")
@@ -117,7 +117,28 @@ def print_report(console: Console, r: LoadgenReport) -> None:
         lt.add_row(*_pct_row("inter-token", r.itl_ms))
     if r.send_lateness_ms:
         lt.add_row(*_pct_row("send lateness", r.send_lateness_ms, 3))
-    console.print(lt)
+    return lt
+
+
+def _proxy_table(proxy: dict[str, dict[str, float]]) -> Table:
+    pt = Table(title="the proxy's own counts during the run (from its /metrics)")
+    pt.add_column("metric")
+    pt.add_column("by label")
+    for name, values in sorted(proxy.items()):
+        pt.add_row(name, ", ".join(f"{k}={v:g}" for k, v in sorted(values.items())))
+    return pt
+
+
+def print_report(console: Console, r: LoadgenReport) -> None:
+    console.print(_isl_table(r))
+    if r.isl.budget_errors:
+        console.print(
+            f"[yellow]{r.isl.budget_errors} request(s) could not be budgeted exactly:[/] "
+            + "; ".join(r.isl.budget_error_samples)
+        )
+    if len(r.turns) > 1:
+        console.print(_turn_table(r))
+    console.print(_latency_table(r))
     console.print(
         f"requests {r.requests} (ok {r.succeeded}, failed {r.failed}, warmup excluded {r.warmup_excluded}) in "
         f"{r.duration_s:.2f} s: {r.request_throughput:.1f} req/s, output {r.output_token_throughput:.1f} tok/s, "
@@ -126,9 +147,4 @@ def print_report(console: Console, r: LoadgenReport) -> None:
     if r.errors:
         console.print("[red]errors:[/] " + ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())))
     if r.proxy is not None:
-        pt = Table(title="the proxy's own counts during the run (from its /metrics)")
-        pt.add_column("metric")
-        pt.add_column("by label")
-        for name, values in sorted(r.proxy.items()):
-            pt.add_row(name, ", ".join(f"{k}={v:g}" for k, v in sorted(values.items())))
-        console.print(pt)
+        console.print(_proxy_table(r.proxy))

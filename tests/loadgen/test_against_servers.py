@@ -20,6 +20,7 @@ from loadgen.workload import Workload
 from proxy.emulator.app import EmulatorConfig, start_emulator
 from tests.builders import build_tokenizer
 from tests.conftest import load_builtin, load_shared
+from tests.eventually import eventually_async
 
 
 async def serve(tok: Any) -> tuple[Any, str]:
@@ -131,11 +132,14 @@ async def test_through_the_proxy(mistral_emulator: str) -> None:
             cache_bust="first_turn_prefix", request_count=8,
         )  # fmt: skip
         assert_exact(recs, 8)
-        for _ in range(100):  # analysis runs off the response path
+
+        async def matches() -> dict[str, float]:
             after = await asyncio.to_thread(proxymetrics.scrape, metrics)
             assert after is not None
-            matches = proxymetrics.diff(before, after).get("islwatch_isl_match_total", {})
-            if sum(matches.values()) >= 8:
-                break
-            await asyncio.sleep(0.05)
-        assert matches == {"exact": 8.0}
+            return proxymetrics.diff(before, after).get("islwatch_isl_match_total", {})
+
+        # Analysis runs off the response path: wait until every request has its match result.
+        settled = await eventually_async(
+            matches, until=lambda m: sum(m.values()) >= 8, what="the proxy's match results for 8 requests"
+        )
+        assert settled == {"exact": 8.0}

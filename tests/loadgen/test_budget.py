@@ -26,26 +26,26 @@ def test_target_below_fixed_cost_is_an_error() -> None:
     assert "below the fixed cost 10" in (fit.error or "")
 
 
-def test_two_token_words_are_closed_with_fillers() -> None:
+@pytest.mark.parametrize("target", [3, 4, 5, 101, 102])
+def test_two_token_words_are_closed_with_fillers(target: int) -> None:
     # Every corpus word costs 2 tokens, fillers cost 1: odd targets need a filler at the end.
     def measure(text: str) -> int:
         return 3 + sum(1 if t in FILLERS else 2 for t in text.split())
 
-    for target in (3, 4, 5, 101, 102):
-        fit = fit_text(measure, target, WORDS, FILLERS)
-        assert fit.exact, (target, fit)
-        assert measure(fit.text) == target
+    fit = fit_text(measure, target, WORDS, FILLERS)
+    assert fit.exact, (target, fit)
+    assert measure(fit.text) == target
 
 
-def test_merging_boundary_is_handled() -> None:
+@pytest.mark.parametrize("target", range(4, 200, 7))
+def test_merging_boundary_is_handled(target: int) -> None:
     # Pairs of words merge into one token every 10 words: the count is not n + fixed, and not monotone steps.
     def measure(text: str) -> int:
         n = len(text.split()) if text else 0
         return 4 + n - n // 10
 
-    for target in range(4, 200, 7):
-        fit = fit_text(measure, target, WORDS, FILLERS)
-        assert fit.exact and measure(fit.text) == target
+    fit = fit_text(measure, target, WORDS, FILLERS)
+    assert fit.exact and measure(fit.text) == target
 
 
 def test_unreachable_target_reports_closest() -> None:

@@ -1,4 +1,5 @@
-"""`islwatch loadgen` as a user runs it: a subprocess against `islwatch emulate`, JSON report and records."""
+"""`islwatch loadgen` as a user runs it: a subprocess against `islwatch emulate`, JSON report and records;
+and its command line parsed without the heavy imports, so `--help` is fast."""
 
 from __future__ import annotations
 
@@ -10,15 +11,24 @@ from pathlib import Path
 import orjson
 import pytest
 
-from loadgen.demo import _free_port
+from loadgen.children import free_port
 from tests.conftest import REPO
 
 CLI = [sys.executable, "-m", "proxy.cli"]
+HEAVY = ("transformers", "tokenizers", "jinja2", "pydantic", "rich", "aiohttp", "prometheus_client")
+# Parsing the command line (and --help) must not load what only running needs.
+CONFIGURE_ONLY = """
+import argparse, sys
+from loadgen import cli, demo
+for mod in (cli, demo):
+    mod.configure(argparse.ArgumentParser())
+print(" ".join(sorted(m for m in sys.modules if m.split(".")[0] in {heavy})))
+"""
 
 
 @pytest.fixture(scope="module")
 def emulator() -> Iterator[str]:
-    port = _free_port("127.0.0.1", 0)
+    port = free_port("127.0.0.1", 0)
     proc = subprocess.Popen(
         [*CLI, "emulate", "--listen", f"127.0.0.1:{port}"], cwd=REPO, stdout=subprocess.PIPE, text=True
     )
@@ -28,6 +38,13 @@ def emulator() -> Iterator[str]:
     yield f"http://127.0.0.1:{port}"
     proc.terminate()
     proc.wait(timeout=30)
+
+
+def test_configure_needs_no_heavy_imports() -> None:
+    code = CONFIGURE_ONLY.format(heavy=set(HEAVY))
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == []
 
 
 @pytest.mark.parametrize("workers", [1, 2])

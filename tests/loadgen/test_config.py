@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 from pydantic import ValidationError
 
 from loadgen import cli
 from loadgen.config import LoadgenConfig
 from proxy.cli import build_parser
+from proxy.core.endpoints import SHAPES, Endpoint
 
 BASE = {"url": "http://127.0.0.1:1", "isl": 100, "concurrency": 1, "request_count": 1}
 
@@ -40,9 +43,26 @@ def test_neither_load_mode_is_refused() -> None:
         LoadgenConfig(url="http://x", isl=10, request_count=1)
 
 
-def test_endpoint_url() -> None:
-    assert LoadgenConfig(**BASE).endpoint_url == "http://127.0.0.1:1/v1/chat/completions"
-    assert LoadgenConfig(**{**BASE, "url": "http://h:2/v1/"}).endpoint_url == "http://h:2/v1/chat/completions"
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://127.0.0.1:1", "http://127.0.0.1:1/v1/chat/completions"),
+        ("http://h:2/v1/", "http://h:2/v1/chat/completions"),
+    ],
+)
+def test_endpoint_url(url: str, expected: str) -> None:
+    assert LoadgenConfig(**{**BASE, "url": url}).endpoint_url == expected
+
+
+@pytest.mark.parametrize("endpoint", cli.ENDPOINTS)
+def test_endpoint_url_comes_from_the_endpoint_table(endpoint: Endpoint) -> None:
+    cfg = LoadgenConfig(**{**BASE, "endpoint": endpoint.value})
+    assert cfg.endpoint_url == "http://127.0.0.1:1" + SHAPES[endpoint].path
+
+
+def test_cli_offers_the_endpoints_the_config_accepts() -> None:
+    accepted = get_args(LoadgenConfig.model_fields["endpoint"].annotation)
+    assert sorted(accepted) == sorted(e.value for e in cli.ENDPOINTS)
 
 
 def run_cli(argv: list[str]) -> int:

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import orjson
 import pytest
 
 from tests.conftest import REPO
+from tests.eventually import eventually
 
 DEMO = [sys.executable, "-m", "proxy.cli", "demo", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]
 TIMEOUT_S = 300
@@ -59,28 +58,38 @@ def test_demo_runs_to_the_end(tmp_path: Path) -> None:
     assert report["proxy"]["islwatch_isl_match_total"] == {"exact": 6.0}
 
 
+def read_lines(proc: subprocess.Popen[str]) -> list[str]:
+    """The lines `proc` prints, collected by a thread as they arrive."""
+    lines: list[str] = []
+
+    def collect() -> None:
+        for line in proc.stdout or []:
+            lines.append(line)
+
+    threading.Thread(target=collect, daemon=True).start()
+    return lines
+
+
+def wait_serving(proc: subprocess.Popen[str], lines: list[str]) -> None:
+    """Until the demo says it serves; fails at once (with its output) if it exits first."""
+    text, code = eventually(
+        lambda: ("".join(lines), proc.poll()),
+        until=lambda seen: "Serving until Ctrl-C" in seen[0] or seen[1] is not None,
+        timeout=TIMEOUT_S,
+        what="the demo serving",
+    )
+    assert "Serving until Ctrl-C" in text, f"demo exited with {code} before serving:\n{text}"
+
+
 @pytest.mark.parametrize("group", [True, False], ids=["ctrl-c-group", "sigint-demo-only"])
 def test_ctrl_c_leaves_no_orphans(group: bool) -> None:
     proc = subprocess.Popen(
         [*DEMO, "--requests", "4", "--keep-running"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or []], daemon=True).start()
-    seen = []
-    deadline = time.monotonic() + TIMEOUT_S
+    lines = read_lines(proc)
     try:
-        while time.monotonic() < deadline:
-            try:
-                line = lines.get(timeout=1)
-            except queue.Empty:
-                assert proc.poll() is None, "".join(seen)
-                continue
-            seen.append(line)
-            if "Serving until Ctrl-C" in line:
-                break
-        else:
-            raise AssertionError("demo never started serving:\n" + "".join(seen))
+        wait_serving(proc, lines)
         kids = descendants(proc.pid)
         assert len(kids) >= 2  # the emulator and the proxy (and the proxy's analysis worker)
         if group:
@@ -88,8 +97,8 @@ def test_ctrl_c_leaves_no_orphans(group: bool) -> None:
         else:
             proc.send_signal(signal.SIGINT)  # only the demo: it must stop its children itself
         proc.wait(timeout=60)
-        time.sleep(0.5)
-        assert not [k for k in kids if alive(k)]
+        eventually(lambda: [k for k in kids if alive(k)], until=lambda left: not left, timeout=10,
+                   what="every child of the demo exiting")  # fmt: skip
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

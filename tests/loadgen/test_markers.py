@@ -51,8 +51,11 @@ def markers_in(message: dict[str, Any]) -> list[str]:
 def test_marker_is_sha256_of_run_and_conversation() -> None:
     digest = hashlib.sha256(b"run-1/c7").hexdigest()[:12]
     assert marker_for("run-1", "c7") == f"[rid:{digest}]"
-    assert marker_for("run-1", "c8") != marker_for("run-1", "c7")
-    assert marker_for("run-2", "c7") != marker_for("run-1", "c7")
+
+
+@pytest.mark.parametrize(("run", "conversation"), [("run-1", "c8"), ("run-2", "c7")])
+def test_marker_differs_per_conversation_and_per_run(run: str, conversation: str) -> None:
+    assert marker_for(run, conversation) != marker_for("run-1", "c7")
 
 
 def test_row_none_lands_nowhere() -> None:
@@ -107,13 +110,29 @@ def test_list_of_parts_gets_a_new_text_part(target: str) -> None:
     assert parts[0 if target.endswith("prefix") else -1] == marker_part
 
 
-def test_apply_marker_shapes() -> None:
-    assert apply_marker("x", "[rid:0]", True) == ("[rid:0]\n\nx", True)
-    assert apply_marker("x", "[rid:0]", False) == ("x\n\n[rid:0]", True)
+@pytest.mark.parametrize(
+    ("content", "prefix", "expected"),
+    [
+        pytest.param("x", True, ("[rid:0]\n\nx", True), id="string-prefix"),
+        pytest.param("x", False, ("x\n\n[rid:0]", True), id="string-suffix"),
+        pytest.param(
+            [{"type": "text", "text": "x"}],
+            False,
+            ([{"type": "text", "text": "x"}, {"type": "text", "text": "[rid:0]"}], True),
+            id="parts-suffix",
+        ),
+        pytest.param({"odd": 1}, True, ({"odd": 1}, False), id="unknown-shape"),
+    ],
+)
+def test_apply_marker_shapes(content: Any, prefix: bool, expected: tuple[Any, bool]) -> None:
+    assert apply_marker(content, "[rid:0]", prefix) == expected
+
+
+@pytest.mark.parametrize("prefix", [True, False])
+def test_apply_marker_does_not_mutate_the_parts(prefix: bool) -> None:
     parts = [{"type": "text", "text": "x"}]
-    assert apply_marker(parts, "[rid:0]", False) == ([*parts, {"type": "text", "text": "[rid:0]"}], True)
-    assert parts == [{"type": "text", "text": "x"}]  # not mutated
-    assert apply_marker({"odd": 1}, "[rid:0]", True) == ({"odd": 1}, False)
+    apply_marker(parts, "[rid:0]", prefix)
+    assert parts == [{"type": "text", "text": "x"}]
 
 
 def test_unknown_shape_warns_once_and_adds_no_marker(caplog: pytest.LogCaptureFixture) -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from loadgen.proxymetrics import diff, parse_counts
+from loadgen.replies import Record
 from loadgen.report import build_report, percentiles
-from loadgen.runner import Record, StreamTimer
 
 
 def rec(target: int, client: int | None, server: int | None, **kw: object) -> Record:
@@ -20,6 +20,9 @@ def rec(target: int, client: int | None, server: int | None, **kw: object) -> Re
 def test_percentiles_interpolate() -> None:
     p = percentiles([1.0, 2.0, 3.0, 4.0])
     assert p is not None and p.p50 == 2.5 and p.max == 4.0 and p.mean == 2.5
+
+
+def test_percentiles_of_nothing_is_none() -> None:
     assert percentiles([]) is None
 
 
@@ -54,20 +57,3 @@ def test_proxy_counts_are_summed_and_diffed() -> None:
     after = parse_counts(METRICS % (12, 2))
     assert before["islwatch_isl_match_total"] == {"exact": 6.0, "mismatch": 1.0}
     assert diff(before, after) == {"islwatch_isl_match_total": {"exact": 7.0, "mismatch": 1.0}}
-
-
-def test_stream_timer_one_byte_at_a_time_lines() -> None:
-    t = StreamTimer()
-    lines = [
-        b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n',
-        b": keep-alive\n",
-        b'data: {"choices":[{"delta":{"content":"Hel"}}]}\n',
-        b"data: not json\n",
-        b'data: {"choices":[{"delta":{"content":"lo"}}]}\n',
-        b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2}}\n',
-        b"data: [DONE]\n",
-    ]
-    for i, line in enumerate(lines):
-        t.feed_line(line, float(i))
-    assert "".join(t.parts) == "Hello" and t.times == [2.0, 4.0]
-    assert (t.prompt_tokens, t.completion_tokens) == (7, 2)

@@ -1,0 +1,71 @@
+"""The work behind `islwatch loadgen` (and the demo's load): validate the flags, prepare, send, report.
+
+Kept apart from loadgen/cli.py so that parsing the command line (and `--help`) imports none of this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+from rich.console import Console
+
+from proxy.core.tokenizer import TokenizerLoadError
+
+from .config import LoadgenConfig
+from .orchestrate import prepare, run_config
+from .replies import Record
+from .report import LoadgenReport
+from .table import print_overhead, print_report
+
+FIELDS = set(LoadgenConfig.model_fields)
+
+
+def config_from_args(args: argparse.Namespace) -> LoadgenConfig:
+    data: dict[str, Any] = {k: v for k, v in vars(args).items() if k in FIELDS and v is not None}
+    return LoadgenConfig.model_validate(data)
+
+
+def validation_message(exc: ValidationError) -> str:
+    msgs = []
+    for e in exc.errors():
+        where = ".".join(str(x) for x in e["loc"])
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        msgs.append(f"--{where.replace('_', '-')}: {msg}" if where else msg)
+    return "; ".join(msgs)
+
+
+def write_outputs(cfg: LoadgenConfig, records: list[Record], report: LoadgenReport) -> None:
+    if cfg.output:
+        cfg.output.write_text(report.model_dump_json(indent=2) + "\n")
+    if cfg.records:
+        with cfg.records.open("wb") as f:
+            for r in records:
+                f.write(orjson.dumps(r) + b"\n")
+
+
+def run_loadgen(cfg: LoadgenConfig, console: Console) -> tuple[int, LoadgenReport | None]:
+    try:
+        prepared = prepare(cfg)
+    except (ValueError, TokenizerLoadError) as exc:
+        console.print(f"[red]islwatch loadgen: {exc}[/]")
+        return 2, None
+    landing = prepared.workload.landing.value
+    print_overhead(console, prepared.overhead, landing)
+    records, report = run_config(cfg, prepared, console)
+    print_report(console, report)
+    write_outputs(cfg, records, report)
+    return (0 if report.succeeded or not report.requests else 1), report
+
+
+def run_args(args: argparse.Namespace) -> int:
+    console = Console(stderr=False)
+    try:
+        cfg = config_from_args(args)
+    except ValidationError as exc:
+        print(f"islwatch loadgen: {validation_message(exc)}", file=sys.stderr)
+        return 2
+    return run_loadgen(cfg, console)[0]
