@@ -88,37 +88,43 @@ def texts_len(tok: Any, texts: Sequence[str]) -> int:
     return sum(len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"])
 
 
-def render_messages(
-    tok: Any,
-    messages: Messages,
-    add_generation_prompt: bool = True,
-    continue_final_message: bool = False,
-    **kwargs: Any,
-) -> str:
-    """The prompt text the template renders (`tools`, `documents` and template kwargs pass through)."""
-    text = tok.apply_chat_template(
-        messages,
-        add_generation_prompt=add_generation_prompt,
-        continue_final_message=continue_final_message,
-        tokenize=False,
-        **kwargs,
-    )
-    if not isinstance(text, str):
+def _text(rendered: Any) -> str:
+    if not isinstance(rendered, str):
         raise TypeError("chat template did not render to text")
-    return text
+    return rendered
 
 
-def render_chat(tok: Any, chat: ChatInput, add_generation_prompt: bool | None = None) -> str:
-    """A prepared chat request rendered as vLLM renders it (`add_generation_prompt` overrides the request's)."""
+def render_messages(
+    tok: Any, messages: Messages, /, add_generation_prompt: bool = True, continue_final_message: bool = False
+) -> str:
+    """The prompt text the template renders for plain messages."""
+    return _text(
+        tok.apply_chat_template(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tokenize=False,
+        )
+    )
+
+
+def render_chat(tok: Any, chat: ChatInput, /, add_generation_prompt: bool | None = None) -> str:
+    """A prepared chat request rendered as vLLM renders it (`add_generation_prompt` overrides the request's).
+
+    The request's `chat_template_kwargs` go to `apply_chat_template` as they are, beside the named
+    arguments (a key that repeats one of them raises TypeError: counted as a template error).
+    """
     gen = chat.add_generation_prompt if add_generation_prompt is None else add_generation_prompt
-    return render_messages(
-        tok,
-        chat.messages,
-        add_generation_prompt=gen and not chat.continue_final_message,
-        continue_final_message=chat.continue_final_message,
-        tools=chat.tools,
-        documents=chat.documents,
-        **chat.template_kwargs,
+    return _text(
+        tok.apply_chat_template(
+            chat.messages,
+            tools=chat.tools,
+            documents=chat.documents,
+            add_generation_prompt=gen and not chat.continue_final_message,
+            continue_final_message=chat.continue_final_message,
+            tokenize=False,
+            **chat.template_kwargs,
+        )
     )
 
 

@@ -1,0 +1,159 @@
+"""One request planned before any byte is written, and the per-app emulator state that plans it.
+
+Planning refuses what vLLM refuses (bad JSON, unknown model in strict mode, `n` above 1, a bad output cap,
+anything `counting` refuses) with `RequestError`, so a planned request always answers in full.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.core.endpoints import SHAPES, Endpoint
+from proxy.core.tokenizer import LoadedTokenizer
+from proxy.emulator.config import EmulatorConfig
+from proxy.emulator.counting import chat_prompt_tokens, pick_word, prompt_token_counts
+from proxy.emulator.errors import RequestError
+
+__all__ = ["Emulator", "EmulatorConfig", "EmulatorStats", "Plan", "RequestError", "request_digest"]
+
+
+@dataclass
+class EmulatorStats:
+    """What reached the emulator; tests of the proxy read it (also served at GET /emulator/stats)."""
+
+    requests: int = 0
+    streams_started: int = 0
+    streams_completed: int = 0
+    streams_reset: int = 0  # cut by the reset-mid-stream fault
+    client_disconnects: int = 0  # the client (or proxy) went away mid-stream
+    status_faults: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Plan:
+    endpoint: Endpoint
+    model: str
+    rid: str
+    created: int
+    prompts: tuple[int, ...]  # prompt_tokens per prompt (one for chat / responses)
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    body: dict[str, Any]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(self.prompts)
+
+    @property
+    def completion_tokens(self) -> int:
+        return 0 if self.endpoint == Endpoint.EMBEDDINGS else self.max_tokens * len(self.prompts)
+
+
+def request_digest(body: dict[str, Any]) -> str:
+    """The id part of a response: derived from the body, so the same request gets the same id and answers
+    are reproducible. stream_options is left out, so a proxy that injects include_usage sees the same id."""
+    stable = {k: v for k, v in body.items() if k != "stream_options"}
+    return hashlib.sha256(orjson.dumps(stable, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+
+
+def _parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise RequestError("request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise RequestError("request body is not a JSON object")
+    return body
+
+
+class Emulator:
+    """Per-app state: the tokenizer (loaded once), the answer word, the seeded fault RNGs, counters."""
+
+    def __init__(self, config: EmulatorConfig, loaded: LoadedTokenizer | Any) -> None:
+        self.config = config
+        self.tok = loaded.tokenizer if isinstance(loaded, LoadedTokenizer) else loaded
+        self.word = pick_word(self.tok)
+        # One RNG per fault, so switching one fault on does not move the other's decisions.
+        self.status_rng = random.Random(f"{config.seed}:status")
+        self.reset_rng = random.Random(f"{config.seed}:reset")
+        self.stats = EmulatorStats()
+
+    def created(self) -> int:
+        return int(time.time()) if self.config.created is None else self.config.created
+
+    def draw_status(self) -> int | None:
+        f = self.config.faults
+        if f.status is not None and self.status_rng.random() < f.status_rate:
+            return f.status
+        return None
+
+    def draw_reset(self) -> bool:
+        rate = self.config.faults.reset_rate
+        return rate > 0 and self.reset_rng.random() < rate
+
+    def text(self, n: int) -> str:
+        return " ".join([self.word] * n)
+
+    def pieces(self, n: int) -> Iterator[str]:
+        """The answer one token at a time; the pieces join to `text(n)`."""
+        for i in range(n):
+            yield self.word if i == 0 else " " + self.word
+
+    def max_tokens(self, endpoint: Endpoint, body: dict[str, Any]) -> int:
+        """The output cap: the endpoint's first cap field present (chat: the newer name first)."""
+        for name in SHAPES[endpoint].max_tokens_fields:
+            value = body.get(name)
+            if value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise RequestError(f"{name} must be an integer of at least 1", param=name)
+            if value > self.config.max_tokens_limit:
+                raise RequestError(f"{name} is above {self.config.max_tokens_limit}", param=name)
+            return value
+        return self.config.default_max_tokens
+
+    def prompt_counts(self, endpoint: Endpoint, body: dict[str, Any]) -> tuple[int, ...]:
+        """prompt_tokens per prompt; embeddings with `messages` are vLLM's chat-style embeddings."""
+        if endpoint == Endpoint.COMPLETIONS:
+            return prompt_token_counts(self.tok, body, "prompt")
+        if endpoint == Endpoint.EMBEDDINGS and not isinstance(body.get("messages"), list):
+            return prompt_token_counts(self.tok, body, "input")
+        return (chat_prompt_tokens(self.tok, endpoint, body, self.config.faults),)
+
+    def plan(self, endpoint: Endpoint, raw: bytes) -> Plan:
+        body = _parse_body(raw)
+        model = body.get("model")
+        served = self.config.served_models
+        if self.config.strict_models and model is not None and model not in served:
+            raise RequestError(f"The model `{model}` does not exist.", status=404, param="model")
+        if body.get("n") not in (None, 1):
+            raise RequestError("the emulator answers n=1 only", param="n")
+        prompts = self.prompt_counts(endpoint, body)
+        raw_options = body.get("stream_options")
+        options: dict[str, Any] = raw_options if isinstance(raw_options, dict) else {}
+        shape = SHAPES[endpoint]
+        return Plan(
+            endpoint=endpoint,
+            model=model if isinstance(model, str) else served[0],
+            rid=shape.id_prefix + request_digest(body),
+            created=self.created(),
+            prompts=prompts,
+            max_tokens=self.max_tokens(endpoint, body),
+            stream=bool(body.get("stream", False)) and shape.streams,
+            include_usage=bool(options.get("include_usage")),
+            continuous_usage=bool(options.get("continuous_usage_stats")),
+            body=body,
+        )
