@@ -2,7 +2,7 @@
 
 Contenders, run in rotating order on every request (so drift in machine load hits all three alike):
   raw   `tok.backend_tokenizer.encode(rendered, add_special_tokens=False)`: the floor, rendered text given
-  ref   `proxy.count.count_request(tok, "chat", body)`: the counting core as the proxy calls it
+  ref   `proxy.core.count.count_request(tok, "chat", body)`: the counting core as the proxy calls it
   fast  `count(FastEncoder(tok), "chat", body)` (proxy/core/fast.py): same result, reusing work where proven
 
 Shapes: "1-turn" (one ~1,000-token user message, a new conversation per request) and "10-turn" (conversations

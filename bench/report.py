@@ -49,7 +49,7 @@ def analysis_section(d: dict[str, Any]) -> list[str]:
         f"Machine: {_machine(d['machine'])}.",
         "",
         "Time per request as a ratio of a raw `tokenizers` encode of the same rendered text: the median over "
-        "requests of the per-request wall-time ratio (CPU time summed over all requests in brackets). `ref` = `proxy.count.count_request`, `fast` = "
+        "requests of the per-request wall-time ratio (CPU time summed over all requests in brackets). `ref` = `proxy.core.count.count_request`, `fast` = "
         "`proxy.core.fast.FastEncoder`. Target: <= 1.2x; multi-turn < 1.0x.",
         "",
         "| tokenizer | shape | tokens | raw ms (median) | ref / raw | fast / raw | reuse proven | mismatches |",
