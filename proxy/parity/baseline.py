@@ -10,12 +10,15 @@ a folder changes nothing the model sees; its content is pinned by the file hashe
 from __future__ import annotations
 
 import hashlib
-from typing import Literal
+from dataclasses import asdict, fields
+from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic.dataclasses import dataclass
+from pydantic_core import PydanticKnownError
 
-from proxy.core.tokenizer import LoadedTokenizer
+from proxy.core.tokenizer import LoadedTokenizer, TokenizerIdentity
 from proxy.core.tokens import template_of
 from proxy.parity.gate import ParityReport, first_diff
 
@@ -26,15 +29,36 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class TokenizerRecord(_Frozen):
-    name: str
-    revision: str | None
-    tokenizer_class: str
-    template_sha256: str | None
-    template: str | None  # the text, so a change can be located to the character
-    files: dict[str, str]
-    transformers_version: str
-    tokenizers_version: str
+class _Absent:
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+_ABSENT = _Absent()  # a key the baseline file does not have
+
+
+@dataclass(frozen=True, kw_only=True, config=ConfigDict(extra="forbid"))
+class TokenizerRecord(TokenizerIdentity):
+    """The tokenizer's identity, validated from a baseline file, plus the template text (so a change can
+    be located to the character)."""
+
+    template: str | None
+
+    # TokenizerIdentity defaults `files` and the library versions for the loader; a baseline must state
+    # them. A key missing from the file is reported as pydantic reports a missing required field.
+    @model_validator(mode="before")
+    @classmethod
+    def _every_key(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {**dict.fromkeys((f.name for f in fields(cls)), _ABSENT), **data}
+        return data
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _present(cls, value: Any) -> Any:
+        if value is _ABSENT:
+            raise PydanticKnownError("missing")
+        return value
 
 
 class ModeRecord(_Frozen):
@@ -68,23 +92,9 @@ def _messages_sha256(messages: object) -> str:
 
 
 def baseline_from(loaded: LoadedTokenizer, report: ParityReport) -> Baseline:
-    ident = loaded.identity
     return Baseline(
-        tokenizer=TokenizerRecord(
-            name=ident.name,
-            revision=ident.revision,
-            tokenizer_class=ident.tokenizer_class,
-            template_sha256=ident.template_sha256,
-            template=template_of(loaded.tokenizer),
-            files=dict(ident.files),
-            transformers_version=ident.transformers_version,
-            tokenizers_version=ident.tokenizers_version,
-        ),
-        mode=ModeRecord(
-            add_generation_prompt=report.mode.add_generation_prompt,
-            continue_final_message=report.mode.continue_final_message,
-            serving_path=report.mode.serving_path,
-        ),
+        tokenizer=TokenizerRecord(**asdict(loaded.identity), template=template_of(loaded.tokenizer)),
+        mode=ModeRecord(**asdict(report.mode)),
         conversations=[
             ConversationRecord(
                 index=c.index,
