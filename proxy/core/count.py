@@ -14,7 +14,8 @@ from typing import Any, Protocol
 
 from .encoders import ReferenceEncoder
 from .endpoints import Endpoint
-from .extract import ChatInput, InvalidBody, PromptInput, chat_input, prompt_input, responses_input
+from .extract import ChatInput, PromptInput, chat_input, prompt_input, responses_input
+from .messages import InvalidBody
 
 # method: how expected_server was obtained
 CHAT_TEMPLATE = "chat_template"
@@ -35,6 +36,7 @@ class Encoder(Protocol):
 
     template: str | None  # the chat template the server renders with
     parts_format: bool  # messages reach the template as part lists (vLLM's "openai" content format)
+    developer_role: bool  # the template knows the developer role (vLLM converts it to system otherwise)
     bos_text: str | None
 
     def texts_len(self, texts: list[str]) -> int:
@@ -138,17 +140,17 @@ def count_prompts(enc: Encoder, inp: PromptInput, endpoint: str) -> CountResult:
     )
 
 
-def parse(endpoint: str, body: Any, parts_format: bool) -> ChatInput | PromptInput:
+def parse(endpoint: str, body: Any, parts_format: bool, developer_role: bool) -> ChatInput | PromptInput:
     if endpoint == Endpoint.CHAT:
-        return chat_input(body, parts_format)
+        return chat_input(body, parts_format, developer_role)
     if endpoint == Endpoint.RESPONSES:
-        return responses_input(body, parts_format)
+        return responses_input(body, parts_format, developer_role)
     if endpoint == Endpoint.COMPLETIONS:
         return prompt_input(body, "prompt")
     if endpoint == Endpoint.EMBEDDINGS:
         if isinstance(body, dict) and isinstance(body.get("messages"), list):
             # vLLM's chat-style embeddings (EmbeddingChatRequest) default add_generation_prompt to False.
-            chat = chat_input(body, parts_format)
+            chat = chat_input(body, parts_format, developer_role)
             return replace(chat, add_generation_prompt=bool(body.get("add_generation_prompt", False)))
         return prompt_input(body, "input")
     raise InvalidBody(f"unknown endpoint {endpoint!r}")
@@ -170,7 +172,7 @@ def uncounted(endpoint: str, reason: str, detail: str) -> CountResult:
 def count(enc: Encoder, endpoint: str, body: Any) -> CountResult:
     """Count one parsed request body. Never raises."""
     try:
-        inp = parse(endpoint, body, enc.parts_format)
+        inp = parse(endpoint, body, enc.parts_format, enc.developer_role)
     except InvalidBody as exc:
         return uncounted(endpoint, INVALID_BODY, str(exc))
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .extract import ChatInput
-from .tokens import bos_text, encode_len, parts_format, render_chat, template_of, texts_len
+from .tokens import bos_text, developer_role, encode_len, parts_format, render_chat, template_of, texts_len
 
 
 class ReferenceEncoder:
@@ -17,6 +17,7 @@ class ReferenceEncoder:
         self.tok = tok
         self.template = template_of(tok)
         self.parts_format = parts_format(tok)
+        self.developer_role = developer_role(tok)
         self.bos_text = bos_text(tok)
 
     def texts_len(self, texts: list[str]) -> int:

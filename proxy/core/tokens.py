@@ -16,6 +16,9 @@ from functools import lru_cache
 from typing import Any
 
 import jinja2
+import jinja2.ext
+import jinja2.meta
+import jinja2.sandbox
 from jinja2 import nodes
 
 from .extract import ChatInput
@@ -72,6 +75,36 @@ def parts_format(tok: Any) -> bool:
     return template is not None and iterates_content_parts(template)
 
 
+def developer_role(tok: Any) -> bool:
+    """Whether the template knows the `developer` role; vLLM turns developer messages into system messages
+    otherwise, deciding by the same substring test (`vllm/renderers/hf.py` `_detect_developer_role_support`)."""
+    template = template_of(tok)
+    return template is not None and ('"developer"' in template or "'developer'" in template)
+
+
+@lru_cache(maxsize=64)
+def template_variables(template: str) -> frozenset[str]:
+    """The variables a template reads: vLLM passes only these of the request's `chat_template_kwargs`
+    (`vllm/renderers/hf.py` `resolve_chat_template_kwargs`, via `jinja2.meta.find_undeclared_variables`)."""
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(extensions=[jinja2.ext.loopcontrols])
+    env.add_extension(_Generation)
+    try:
+        return frozenset(jinja2.meta.find_undeclared_variables(env.parse(template)))
+    except jinja2.TemplateSyntaxError:
+        return frozenset()
+
+
+class _Generation(jinja2.ext.Extension):
+    """transformers' `{% generation %}` block (AssistantTracker), parsed so such templates are readable."""
+
+    tags = {"generation"}  # noqa: RUF012 - jinja2.ext.Extension declares it so
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_noop"), [], [], body).set_lineno(lineno)
+
+
 def encode(tok: Any, text: str, add_special_tokens: bool) -> list[int]:
     return input_ids(tok(text, add_special_tokens=add_special_tokens))
 
@@ -111,10 +144,13 @@ def render_messages(
 def render_chat(tok: Any, chat: ChatInput, /, add_generation_prompt: bool | None = None) -> str:
     """A prepared chat request rendered as vLLM renders it (`add_generation_prompt` overrides the request's).
 
-    The request's `chat_template_kwargs` go to `apply_chat_template` as they are, beside the named
-    arguments (a key that repeats one of them raises TypeError: counted as a template error).
+    Of the request's `chat_template_kwargs` only the variables the template reads are passed (the keys vLLM
+    renders by name were merged into the request by extract.py).
     """
     gen = chat.add_generation_prompt if add_generation_prompt is None else add_generation_prompt
+    template = template_of(tok) or ""
+    read = template_variables(template)
+    kwargs = {k: v for k, v in chat.template_kwargs.items() if k in read}
     return _text(
         tok.apply_chat_template(
             chat.messages,
@@ -123,7 +159,7 @@ def render_chat(tok: Any, chat: ChatInput, /, add_generation_prompt: bool | None
             add_generation_prompt=gen and not chat.continue_final_message,
             continue_final_message=chat.continue_final_message,
             tokenize=False,
-            **chat.template_kwargs,
+            **kwargs,
         )
     )
 

@@ -1,0 +1,169 @@
+"""Chat messages and tools as vLLM 0.32 prepares them for the template. Pure: no tokenizer, no I/O.
+
+Each rule follows vLLM's own code (`vllm/renderers/chat_utils.py` `_parse_chat_message_content`,
+`_postprocess_messages`; `vllm/renderers/hf.py` `safe_apply_chat_template`; the request models in
+`vllm/entrypoints/openai/`), checked against a real vLLM 0.32 server (tests/vllm):
+- text parts are joined with "\\n" for a template that reads `content` as a string, passed as part dicts to
+  one that iterates over it ("openai" content format); media parts become placeholders; null content is "";
+- tool messages whose parts are all text get them joined with "\\n" in either format;
+- `name` is kept; `tool_calls` on assistant messages (an empty list is dropped), with `arguments` strings
+  parsed into dicts, invalid JSON or a non-object coerced to `{}` (vLLM keeps the turn going);
+- `developer` messages become `system` messages, all merged into one at the front, when the template
+  never mentions the developer role (`_convert_developer_to_system`, `_consolidate_system_messages`);
+- tools are rendered as vLLM's `ChatCompletionToolsParam.model_dump()`: `description` and `parameters`
+  present (null when absent), other keys dropped, `strict` / `defer_loading` only when set.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+MEDIA_KINDS = {
+    "image_url": "image",
+    "image": "image",
+    "input_image": "image",
+    "image_embeds": "image",
+    "audio_url": "audio",
+    "input_audio": "audio",
+    "audio": "audio",
+    "video_url": "video",
+    "video": "video",
+    "file": "file",
+    "input_file": "file",
+}
+TEXT_KINDS = {"text", "input_text", "output_text", "refusal"}
+
+
+class InvalidBody(ValueError):
+    """The body is not a request of the endpoint (a reason, never raised out of the counting core)."""
+
+
+def _part_kind(part: Any) -> str:
+    if isinstance(part, str):
+        return "text"
+    if not isinstance(part, dict):
+        raise InvalidBody("content part is not an object")
+    kind = part.get("type")
+    if kind in TEXT_KINDS:
+        return "text"
+    if kind in MEDIA_KINDS:
+        return MEDIA_KINDS[kind]
+    raise InvalidBody(f"unknown content part type {kind!r}")
+
+
+def _part_text(part: Any) -> str:
+    if isinstance(part, str):
+        return part
+    text = part.get("text", part.get("refusal"))
+    if not isinstance(text, str):
+        raise InvalidBody("text part without a string text")
+    return text
+
+
+def _content_parts(content: Any) -> list[Any]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, list):
+        return content
+    raise InvalidBody("content is neither a string, a list of parts nor null")
+
+
+def prepare_message(
+    msg: Any, parts_format: bool, developer_role: bool, texts: list[str], media: dict[str, int]
+) -> dict[str, Any]:
+    """One wire message as the template sees it; its texts (bare count) and media counts are collected."""
+    if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+        raise InvalidBody("message without a string role")
+    role = msg["role"]
+    out_parts: list[dict[str, Any]] = []
+    part_texts: list[str] = []
+    for part in _content_parts(msg.get("content")):
+        kind = _part_kind(part)
+        if kind == "text":
+            part_texts.append(_part_text(part))
+            out_parts.append({"type": "text", "text": part_texts[-1]})
+        else:
+            media[kind] = media.get(kind, 0) + 1
+            out_parts.append({"type": kind})
+    texts.extend(part_texts)
+    all_text = len(out_parts) == len(part_texts)
+    as_parts = parts_format and not (role == "tool" and all_text)  # text-only tool results: always joined
+    out: dict[str, Any] = {"role": role, "content": out_parts if as_parts else "\n".join(part_texts)}
+    if role == "assistant" and msg.get("tool_calls") is not None:
+        calls = prepare_tool_calls(msg["tool_calls"])
+        if calls:
+            out["tool_calls"] = calls
+    if role == "tool" and "tool_call_id" in msg:
+        out["tool_call_id"] = msg["tool_call_id"]
+    if isinstance(msg.get("name"), str):
+        out["name"] = msg["name"]
+    if role == "developer" and developer_role:
+        out["tools"] = msg.get("tools")
+    return out
+
+
+def _arguments(args: Any) -> dict[str, Any]:
+    """vLLM `_postprocess_messages`: a dict as is, a JSON object string parsed, anything else `{}`."""
+    if isinstance(args, dict):
+        return args
+    if isinstance(args, str) and args:
+        try:
+            parsed = json.loads(args)
+        except ValueError:
+            return {}
+        return parsed if isinstance(parsed, dict) else {}
+    return {}
+
+
+def prepare_tool_calls(calls: Any) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise InvalidBody("tool_calls is not a list")
+    out = []
+    for call in calls:
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            raise InvalidBody("tool call without a function object")
+        fn = dict(call["function"])
+        fn["arguments"] = _arguments(fn.get("arguments"))
+        out.append({**call, "function": fn})
+    return out
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(p["text"] for p in content if isinstance(p, dict) and "text" in p)
+    return content if isinstance(content, str) else ""
+
+
+def developer_as_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """vLLM `_convert_developer_to_system` then `_consolidate_system_messages`: every system message merged
+    into one at the front ("\\n\\n" between non-empty contents) once any is not first or there are two."""
+    converted = [{**m, "role": "system"} if m["role"] == "developer" else m for m in messages]
+    systems = [i for i, m in enumerate(converted) if m["role"] == "system"]
+    if not systems or systems == [0]:
+        return converted
+    contents = [c for i in systems if (c := _text_of(converted[i].get("content")))]
+    merged = {"role": "system", "content": "\n\n".join(contents)}
+    return [merged, *(m for m in converted if m["role"] != "system")]
+
+
+def vllm_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool as vLLM's request model dumps it (`ChatCompletionToolsParam` / `FunctionDefinition`)."""
+    fn = tool.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise InvalidBody("tool without a function name")  # vLLM answers 400
+    out_fn: dict[str, Any] = {
+        "name": fn["name"],
+        "description": fn.get("description"),
+        "parameters": fn.get("parameters"),
+    }
+    defer = fn.get("defer_loading", tool.get("defer_loading"))
+    for key, value in (("strict", fn.get("strict")), ("defer_loading", defer)):
+        if value is not None:
+            out_fn[key] = value
+    out: dict[str, Any] = {"type": "function", "function": out_fn}
+    if tool.get("defer_loading") is not None:
+        out["defer_loading"] = tool["defer_loading"]
+    return out
