@@ -168,36 +168,51 @@ def test_shared_tools_go_through_template(shared_family: str, shared_tok: Any) -
         assert result.templated > without.templated
 
 
-def test_mistral_common_single_turn_equal_encode_chat_completion() -> None:
-    from mistral_common.protocol.instruct.messages import AssistantMessage, UserMessage
-    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+MISTRAL_PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Translate 'good morning' to German, please.",
+    "Unicode: café, 東京, Ελληνικά.",
+    "List three prime numbers:\n1.\n2.\n3.",
+    LONG[:2000],
+]
+
+
+@pytest.fixture(scope="module")
+def mistral_v1() -> Any:
+    """mistral-common's own v1 tokenizer: the reference encoding of Mistral v0.1 chats."""
     from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 
-    ref = MistralTokenizer.v1()
+    return MistralTokenizer.v1()
+
+
+@pytest.mark.parametrize("text", MISTRAL_PROMPTS, ids=[f"prompt{i}" for i in range(len(MISTRAL_PROMPTS))])
+def test_mistral_common_single_turn_equal_encode_chat_completion(mistral_v1: Any, text: str) -> None:
+    from mistral_common.protocol.instruct.messages import UserMessage
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+
     tok = load_builtin().tokenizer
-    prompts = [
-        "What is the capital of France?",
-        "Write a haiku about the sea.",
-        "Translate 'good morning' to German, please.",
-        "Unicode: café, 東京, Ελληνικά.",
-        "List three prime numbers:\n1.\n2.\n3.",
-        LONG[:2000],
+    expected = mistral_v1.encode_chat_completion(
+        ChatCompletionRequest(messages=[UserMessage(content=text)])
+    ).tokens
+    result = count_request(tok, "chat", chat([{"role": "user", "content": text}]))
+    assert result.templated == len(expected), text[:40]
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)[
+        "input_ids"
     ]
-    for text in prompts:
-        expected = ref.encode_chat_completion(
-            ChatCompletionRequest(messages=[UserMessage(content=text)])
-        ).tokens
-        result = count_request(tok, "chat", chat([{"role": "user", "content": text}]))
-        assert result.templated == len(expected), text[:40]
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)[
-            "input_ids"
-        ]
-        assert ids == expected
-    # A prefilled assistant message, continued: the wire form of mistral-common's final assistant prefix.
+    assert ids == expected
+
+
+def test_mistral_common_continued_assistant_prefix(mistral_v1: Any) -> None:
+    """A prefilled assistant message, continued: the wire form of mistral-common's final assistant prefix."""
+    from mistral_common.protocol.instruct.messages import AssistantMessage, UserMessage
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+
+    tok = load_builtin().tokenizer
     req = ChatCompletionRequest(
         messages=[UserMessage(content="Say hi."), AssistantMessage(content="Hi", prefix=True)]
     )
-    expected = ref.encode_chat_completion(req).tokens
+    expected = mistral_v1.encode_chat_completion(req).tokens
     body = chat(
         [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi"}],
         continue_final_message=True,
@@ -303,9 +318,13 @@ def test_request_fields_change_rendering() -> None:
 # --- completions, embeddings, responses ---------------------------------------------------------------------
 
 
+def plain_len(tok: Any, text: str) -> int:
+    return len(tok(text, add_special_tokens=True)["input_ids"])
+
+
 def test_completions_prompt_shapes(shared_tok: Any) -> None:
     def plain(text: str) -> int:
-        return len(shared_tok(text, add_special_tokens=True)["input_ids"])
+        return plain_len(shared_tok, text)
 
     one = count_request(shared_tok, "completions", {"prompt": "The sky is"})
     assert one.method == PLAIN_ENCODE and one.expected_server == plain("The sky is")
@@ -316,8 +335,11 @@ def test_completions_prompt_shapes(shared_tok: Any) -> None:
     assert ids.method == TOKEN_IDS and ids.expected_server == 3
     lists = count_request(shared_tok, "completions", {"prompt": [[1, 2], [3, 4, 5]]})
     assert lists.prompts == (2, 3) and lists.expected_server == 5
+
+
+def test_embeddings_inputs_encoded_one_by_one(shared_tok: Any) -> None:
     emb = count_request(shared_tok, "embeddings", {"input": ["a b c", "d"]})
-    assert emb.expected_server == plain("a b c") + plain("d")
+    assert emb.expected_server == plain_len(shared_tok, "a b c") + plain_len(shared_tok, "d")
 
 
 def test_completions_flags_prompt_that_already_starts_with_bos() -> None:
@@ -329,7 +351,7 @@ def test_completions_flags_prompt_that_already_starts_with_bos() -> None:
     assert not count_request(tok, "completions", {"prompt": "Hi"}).bos_prefixed_prompt
 
 
-def test_responses_instructions_and_items(shared_tok: Any) -> None:
+def test_responses_instructions_count_as_a_system_message(shared_tok: Any) -> None:
     body = {"model": "m", "instructions": "Be brief.", "input": "What is 2+2?"}
     result = count_request(shared_tok, "responses", body)
     as_chat = count_request(
@@ -338,13 +360,19 @@ def test_responses_instructions_and_items(shared_tok: Any) -> None:
         chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]),
     )
     assert (result.templated, result.fallback_reason) == (as_chat.templated, as_chat.fallback_reason)
+
+
+def test_responses_input_items_count_as_messages(shared_tok: Any) -> None:
     items = {
         "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}]
     }
-    assert (
-        count_request(shared_tok, "responses", items).expected_server
-        == count_request(shared_tok, "chat", chat([{"role": "user", "content": "Hi"}])).expected_server
-    )
+    result = count_request(shared_tok, "responses", items)
+    as_chat = count_request(shared_tok, "chat", chat([{"role": "user", "content": "Hi"}]))
+    assert result.templated == as_chat.templated
+    # vLLM encodes a Responses prompt with special tokens (tests/vllm): the chat extension's count.
+    with_specials = chat([{"role": "user", "content": "Hi"}])
+    with_specials["add_special_tokens"] = True
+    assert result.expected_server == count_request(shared_tok, "chat", with_specials).expected_server
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,13 @@ def direct_count(tok: Any, messages: list[dict[str, Any]], **kwargs: Any) -> int
     return len(encoded["input_ids"])
 
 
+def responses_count(tok: Any, messages: list[dict[str, Any]]) -> int:
+    """What vLLM 0.32 counts on /v1/responses: the rendered prompt encoded with special tokens (its
+    ResponsesRequest keeps TokenizeParams.add_special_tokens=True; measured in tests/vllm)."""
+    rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return encode_len(tok, rendered, True)
+
+
 def encode_len(tok: Any, text: str, special: bool) -> int:
     return len(tok(text, add_special_tokens=special)["input_ids"])
 

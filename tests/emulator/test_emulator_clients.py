@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from conftest import load_builtin
-from emulator_helpers import FRANCE, THREE, direct_count, encode_len
+from emulator_helpers import FRANCE, THREE, direct_count, encode_len, responses_count
 from openai import AsyncOpenAI
 
 from proxy.emulator.app import EmulatorConfig, build_emulator_app
@@ -68,11 +68,11 @@ async def test_embeddings_base64(client: AsyncOpenAI, tok: Any) -> None:
 async def test_responses(client: AsyncOpenAI, tok: Any) -> None:
     resp = await client.responses.create(model="emu", input="Hi", max_output_tokens=4)
     assert resp.output_text == "the the the the"
-    assert resp.usage is not None and resp.usage.input_tokens == direct_count(tok, HI)
+    assert resp.usage is not None and resp.usage.input_tokens == responses_count(tok, HI)
 
 
 async def test_responses_stream(client: AsyncOpenAI, tok: Any) -> None:
     events = [e async for e in await client.responses.create(model="emu", input="Hi", stream=True)]
     assert events[-1].type == "response.completed"
     assert events[-1].response.usage is not None
-    assert events[-1].response.usage.input_tokens == direct_count(tok, HI)
+    assert events[-1].response.usage.input_tokens == responses_count(tok, HI)

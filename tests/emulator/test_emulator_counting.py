@@ -17,6 +17,7 @@ from emulator_helpers import (
     emulator,
     encode_len,
     post,
+    responses_count,
     tokenizer_of,
     usage_with,
 )
@@ -80,7 +81,7 @@ async def test_responses_counts_like_chat(aiohttp_client: Any) -> None:
     tok = load_builtin().tokenizer
     client = await emulator(aiohttp_client, tok)
     _, answer = await post(client, "/v1/responses", {"input": FRANCE[0]["content"], "max_output_tokens": 5})
-    assert answer["usage"]["input_tokens"] == direct_count(tok, FRANCE)
+    assert answer["usage"]["input_tokens"] == responses_count(tok, FRANCE)
     assert answer["usage"]["output_tokens"] == 5
     assert encode_len(tok, answer["output"][0]["content"][0]["text"], False) == 5
 

@@ -5,7 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from conftest import load_builtin
-from emulator_helpers import CHAT, FRANCE, THREE, direct_count, emulator, encode_len, post, sse_data, stats
+from emulator_helpers import (
+    CHAT,
+    FRANCE,
+    THREE,
+    direct_count,
+    emulator,
+    encode_len,
+    post,
+    responses_count,
+    sse_data,
+    stats,
+)
 
 USAGE = {"include_usage": True}
 
@@ -70,7 +81,7 @@ async def test_responses_stream_completed_carries_usage(aiohttp_client: Any) -> 
     deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
     assert len(deltas) == 16
     usage = events[-1]["response"]["usage"]
-    assert usage["input_tokens"] == direct_count(tok, [{"role": "user", "content": "Hi there"}])
+    assert usage["input_tokens"] == responses_count(tok, [{"role": "user", "content": "Hi there"}])
     assert usage["output_tokens"] == 16
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
 
