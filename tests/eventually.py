@@ -10,15 +10,23 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT = 120.0
 INTERVAL = 0.01
 
 
-def _message(what: str, last: object, error: BaseException | None) -> str:
-    detail = f"last error {type(error).__name__}: {error}" if error is not None else f"last value {last!r}"
+def _message(
+    what: str, last: object, error: BaseException | None, describe: Callable[[Any], str] | None
+) -> str:
+    if error is not None:
+        detail = f"last error {type(error).__name__}: {error}"
+    else:
+        try:
+            detail = f"last value {describe(last) if describe is not None else repr(last)}"
+        except Exception:  # a describe that cannot read this value must not hide the timeout
+            detail = f"last value {last!r}"
     return f"{what} did not happen within the deadline ({detail})"
 
 
@@ -28,9 +36,11 @@ def eventually(
     timeout: float = DEFAULT_TIMEOUT,
     what: str = "condition",
     interval: float = INTERVAL,
+    describe: Callable[[T], str] | None = None,
 ) -> T:
     """Call `probe` until `until(value)` is true; return that value. Exceptions of `probe` count as not
-    yet (a server still starting refuses connections), and the last one is reported on timeout."""
+    yet (a server still starting refuses connections), and the last one is reported on timeout, as is the
+    last value (through `describe` when given: a big value can say what matters in it)."""
     deadline = time.monotonic() + timeout
     last: object = None
     error: BaseException | None = None
@@ -43,7 +53,7 @@ def eventually(
         except Exception as exc:
             error = exc
         if time.monotonic() > deadline:
-            raise AssertionError(_message(what, last, error))
+            raise AssertionError(_message(what, last, error, describe))
         time.sleep(interval)
 
 
@@ -53,6 +63,7 @@ async def eventually_async(
     timeout: float = DEFAULT_TIMEOUT,
     what: str = "condition",
     interval: float = INTERVAL,
+    describe: Callable[[T], str] | None = None,
 ) -> T:
     """`eventually` inside an event loop: `probe` may be a coroutine function or a plain function."""
     deadline = time.monotonic() + timeout
@@ -68,5 +79,5 @@ async def eventually_async(
         except Exception as exc:
             error = exc
         if time.monotonic() > deadline:
-            raise AssertionError(_message(what, last, error))
+            raise AssertionError(_message(what, last, error, describe))
         await asyncio.sleep(interval)

@@ -14,7 +14,7 @@ from proxy.core.count import count, count_request
 from proxy.core.encoders import ReferenceEncoder
 from proxy.core.extract import chat_input
 from proxy.core.fast import FastEncoder, best_encoder
-from proxy.core.tokens import render_chat
+from proxy.core.tokens import render_chat, render_messages
 from tests.builders import SPECIALS, TEMPLATES, build_tokenizer
 from tests.conftest import FAMILIES, load_builtin, load_shared
 
@@ -262,16 +262,32 @@ def test_direct_render_is_apply_chat_template(counter: FastEncoder, k: int) -> N
 def test_render_shortcut_is_proven_at_load() -> None:
     """A compiled template that renders differently from apply_chat_template is not used."""
 
-    class Skewed(FastEncoder):
-        def _render_compiled(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-            return super()._render_compiled(messages, add_generation_prompt) + " "
+    class Skewed:
+        """The tokenizer, but its apply_chat_template adds a space: the compiled template transformers
+        keeps for it no longer renders what apply_chat_template renders."""
+
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+        def __call__(self, *a: Any, **k: Any) -> Any:
+            return self._inner(*a, **k)
+
+        def apply_chat_template(self, *a: Any, **k: Any) -> Any:
+            out = self._inner.apply_chat_template(*a, **k)
+            return out + " " if isinstance(out, str) else out
 
     tok = build_tokenizer("chatml")
     assert FastEncoder(tok).render_proven
-    skewed = Skewed(tok)
+    skewed_tok = Skewed(tok)
+    messages = turns(3, TEXTS)
+    assert render_messages(skewed_tok, messages) != render_messages(tok, messages)
+    skewed = FastEncoder(skewed_tok)
     assert not skewed.render_proven
-    body = {"messages": turns(3, TEXTS)}
-    assert count(skewed, "chat", body) == count_request(tok, "chat", body)
+    body = {"messages": messages}
+    assert count(skewed, "chat", body) == count_request(skewed_tok, "chat", body)
 
 
 def test_best_encoder_falls_back_to_the_reference() -> None:

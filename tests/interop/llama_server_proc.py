@@ -10,11 +10,12 @@ import json
 import os
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.eventually import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build_llama_server.sh"
@@ -101,17 +102,30 @@ def health(base_url: str) -> tuple[int, dict[str, object]]:
 def wait_healthy(proc: subprocess.Popen[bytes], base_url: str, log_path: Path) -> list[int]:
     """Poll /health until 200; returns the statuses seen (503 while the model loads)."""
     seen: list[int] = []
-    deadline = time.monotonic() + START_DEADLINE_SECONDS
-    while time.monotonic() < deadline:
+
+    def probe() -> int | None:  # None once the server exited
         if proc.poll() is not None:
-            raise ServerFailed(f"llama-server exited with {proc.returncode}: {log_tail(log_path)}")
+            return None
         status, _ = health(base_url)
         if not seen or seen[-1] != status:
             seen.append(status)
-        if status == 200:
-            return seen
-        time.sleep(0.02)
-    raise ServerFailed(f"llama-server not healthy after {START_DEADLINE_SECONDS}s: {log_tail(log_path)}")
+        return status
+
+    try:
+        status = eventually(
+            probe,
+            until=lambda status: status is None or status == 200,
+            timeout=START_DEADLINE_SECONDS,
+            what="llama-server healthy",
+            interval=0.02,
+        )
+    except AssertionError as exc:
+        raise ServerFailed(
+            f"llama-server not healthy after {START_DEADLINE_SECONDS}s: {log_tail(log_path)}"
+        ) from exc
+    if status is None:
+        raise ServerFailed(f"llama-server exited with {proc.returncode}: {log_tail(log_path)}")
+    return seen
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

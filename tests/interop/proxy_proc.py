@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +17,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from interop.llama_server_proc import ServerFailed, free_port, log_tail, stop
+from tests.eventually import eventually
 
 # A guard against a hung start, not a timing assertion.
 START_DEADLINE_SECONDS = 60.0
@@ -64,20 +63,28 @@ def running_proxy(
 
 def wait_ready(proc: subprocess.Popen[bytes], proxy: Proxy) -> None:
     """Ready when /readyz says the analysis tokenizers are loaded (it does not look at the upstream)."""
-    deadline = time.monotonic() + START_DEADLINE_SECONDS
-    while time.monotonic() < deadline:
+
+    def probe() -> tuple[int | None, int]:  # (exit code once it exited, /readyz status)
         if proc.poll() is not None:
-            raise ServerFailed(f"islwatch proxy exited with {proc.returncode}: {log_tail(proxy.log_path)}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{proxy.admin_port}/readyz", timeout=5) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):  # 503 while loading, or not up
-            pass
-        time.sleep(0.05)
-    raise ServerFailed(
-        f"islwatch proxy not ready after {START_DEADLINE_SECONDS}s: {log_tail(proxy.log_path)}"
-    )
+            return proc.returncode, 0
+        # 503 while loading (urlopen raises it) or nothing listening yet: both count as not yet
+        with urllib.request.urlopen(f"http://127.0.0.1:{proxy.admin_port}/readyz", timeout=5) as resp:
+            return None, resp.status
+
+    try:
+        code, _ = eventually(
+            probe,
+            until=lambda seen: seen[0] is not None or seen[1] == 200,
+            timeout=START_DEADLINE_SECONDS,
+            what="islwatch proxy ready",
+            interval=0.05,
+        )
+    except AssertionError as exc:
+        raise ServerFailed(
+            f"islwatch proxy not ready after {START_DEADLINE_SECONDS}s: {log_tail(proxy.log_path)}"
+        ) from exc
+    if code is not None:
+        raise ServerFailed(f"islwatch proxy exited with {code}: {log_tail(proxy.log_path)}")
 
 
 def scrape(proxy: Proxy) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -103,11 +110,16 @@ def match_counts(proxy: Proxy, endpoint: str) -> dict[str, float]:
 
 def wait_for_analysis(proxy: Proxy, endpoint: str, before: dict[str, float], n: int) -> dict[str, float]:
     """Poll until n more requests of the endpoint were analysed; returns the increase per result."""
-    deadline = time.monotonic() + ANALYSIS_DEADLINE_SECONDS
-    while True:
+
+    def increase() -> dict[str, float]:
         now = match_counts(proxy, endpoint)
         delta = {k: now.get(k, 0.0) - before.get(k, 0.0) for k in now}
-        delta = {k: v for k, v in delta.items() if v}
-        if sum(delta.values()) >= n or time.monotonic() > deadline:
-            return delta
-        time.sleep(0.02)
+        return {k: v for k, v in delta.items() if v}
+
+    return eventually(
+        increase,
+        until=lambda delta: sum(delta.values()) >= n,
+        timeout=ANALYSIS_DEADLINE_SECONDS,
+        what=f"{n} more analysed {endpoint} request(s)",
+        interval=0.02,
+    )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from interop.llama_server_proc import (
 )
 from interop.proxy_proc import Proxy, match_counts, running_proxy, wait_for_analysis
 from interop.test_llama_server import create, request_body
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.llama_server
 
@@ -208,10 +208,13 @@ def test_loading_503_passes_through(
 
 
 def poll_health(base_url: str, proc: subprocess.Popen[bytes]) -> list[tuple[int, str, bytes]]:
-    """GET /health through the proxy until 200; the distinct (status, content type, body) answers seen."""
+    """GET /health through the proxy until 200 (or llama-server exits); the distinct (status, content type,
+    body) answers seen. No pause between polls, so the short loading phase is not missed."""
     seen: list[tuple[int, str, bytes]] = []
-    deadline = time.monotonic() + START_DEADLINE_SECONDS
-    while time.monotonic() < deadline and proc.poll() is None:
+
+    def probe() -> int | None:  # None once llama-server exited
+        if proc.poll() is not None:
+            return None
         try:
             with urllib.request.urlopen(f"{base_url}/health", timeout=5) as resp:
                 answer = (resp.status, resp.headers.get("Content-Type", ""), resp.read())
@@ -221,6 +224,13 @@ def poll_health(base_url: str, proc: subprocess.Popen[bytes]) -> list[tuple[int,
             answer = (0, "", b"")
         if not seen or seen[-1] != answer:
             seen.append(answer)
-        if answer[0] == 200:
-            break
+        return answer[0]
+
+    eventually(
+        probe,
+        until=lambda status: status is None or status == 200,
+        timeout=START_DEADLINE_SECONDS,
+        what="/health through the proxy answering 200",
+        interval=0,
+    )
     return seen

@@ -2,20 +2,49 @@
 
 from __future__ import annotations
 
+import logging
+
 from opslib import HISTOGRAMS, METRIC_LABELS, NO_SUM
 from prometheus_client import CollectorRegistry
 
-from proxy.server.metrics import build_metrics
+from proxy.server.metrics import Metrics, build_metrics
+from proxy.server.problems import ProblemLog
+from proxy.server.records import AnalysisOutcome, TokenizerReport
+
+IDENTITY = {
+    "name": "builtin:mistral-v0.1",
+    "revision": None,
+    "template_sha256": "0" * 64,
+    "tokenizer_sha256": "1" * 64,
+    "transformers_version": "5",
+}
+
+
+def populated() -> Metrics:
+    """A fresh registry where every metric has a series, each set through the methods the proxy itself
+    calls: label names are then read from what is exported, not from the metric objects' internals."""
+    metrics = build_metrics(CollectorRegistry(), process_metrics=False)
+    metrics.relayed("m", "chat", 200)
+    outcome = AnalysisOutcome(
+        "chat", "m", 0.01, bare=3, templated=5, expected=5, server=6, match="mismatch",
+        cause="duplicate_bos", fallback_reason="template_error", duplicate_bos_risk=True,
+    )  # fmt: skip
+    metrics.analysed(outcome, ProblemLog(logging.getLogger("test_metric_catalog")))
+    metrics.dropped()
+    metrics.worker_exited()
+    metrics.tokenizers_loaded([TokenizerReport("", "m", IDENTITY, parity_ok=True, parity_summary="ok")])
+    return metrics
 
 
 def exported() -> dict[str, tuple[str, frozenset[str]]]:
-    """Exposition name (with `_total` for counters) -> (type, label names), from a fresh registry."""
-    metrics = build_metrics(CollectorRegistry(), process_metrics=False)
+    """Exposition name (with `_total` for counters) -> (type, label names), from a populated registry."""
     out = {}
-    for family in metrics.registry.collect():
+    for family in populated().registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
-        collector = metrics.registry._names_to_collectors[name]
-        out[name] = (family.type, frozenset(collector._labelnames))
+        samples = [s for s in family.samples if not s.name.endswith("_created")]
+        assert samples, f"{name} has no series: its label names cannot be read"
+        labels = {label for s in samples for label in s.labels}
+        out[name] = (family.type, frozenset(labels - ({"le"} if family.type == "histogram" else set())))
     return out
 
 

@@ -12,7 +12,6 @@ import math
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,8 @@ import aiohttp
 import pytest
 import yaml
 from opslib import ALERTS, INSTALL_HINT, alert_rules, dashboard, dashboard_queries, expand, find_tool
+
+from tests.eventually import eventually, eventually_async
 
 pytestmark = pytest.mark.prometheus
 
@@ -62,24 +63,38 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+def exited(procs: list[tuple[subprocess.Popen[bytes], Path]]) -> str | None:
+    """The first process that is no longer running, with its log; None while all run."""
+    for proc, log in procs:
+        if proc.poll() is not None:
+            return f"{proc.args[:4]} exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+    return None
+
+
 async def wait_for(url: str, procs: list[tuple[subprocess.Popen[bytes], Path]], status: int = 200) -> None:
     """Poll `url` until it answers `status`; fail with the logs if a process dies or the deadline passes."""
-    deadline = time.monotonic() + DEADLINE
     async with aiohttp.ClientSession() as session:
-        while True:
-            for proc, log in procs:
-                if proc.poll() is not None:
-                    pytest.fail(f"{proc.args[:4]} exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                    if resp.status == status:
-                        return
-            except aiohttp.ClientError:
-                pass
-            if time.monotonic() > deadline:
-                logs = "\n".join(log.read_text()[-2000:] for _, log in procs)
-                pytest.fail(f"{url} not answering {status}:\n{logs}")
-            await asyncio.sleep(0.2)
+
+        async def probe() -> tuple[str | None, int]:
+            died = exited(procs)
+            if died is not None:
+                return died, 0
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                return None, resp.status
+
+        try:
+            died, _ = await eventually_async(
+                probe,
+                until=lambda seen: seen[0] is not None or seen[1] == status,
+                timeout=DEADLINE,
+                what=f"{url} answering {status}",
+                interval=0.2,
+            )
+        except AssertionError as exc:
+            logs = "\n".join(log.read_text()[-2000:] for _, log in procs)
+            pytest.fail(f"{exc}:\n{logs}")
+    if died is not None:
+        pytest.fail(died)
 
 
 def plain_tokenizer(folder: Path) -> str:
@@ -137,16 +152,22 @@ async def wave(session: aiohttp.ClientSession, proxy: str) -> int:
 
 async def wait_analysed(session: aiohttp.ClientSession, prometheus: str, total: int) -> None:
     """Until Prometheus has scraped `total` analysed requests, then two scrapes more."""
-    deadline = time.monotonic() + DEADLINE
-    while await scalar(session, prometheus, "sum(islwatch_isl_match_total)") < total:
-        if time.monotonic() > deadline:
-            pytest.fail(f"Prometheus never saw {total} analysed requests")
-        await asyncio.sleep(0.25)
-    first = await scalar(session, prometheus, "max(timestamp(up{job='islwatch'}))")
-    while await scalar(session, prometheus, "max(timestamp(up{job='islwatch'}))") < first + 2:
-        if time.monotonic() > deadline:
-            pytest.fail("Prometheus stopped scraping")
-        await asyncio.sleep(0.25)
+    await eventually_async(
+        lambda: scalar(session, prometheus, "sum(islwatch_isl_match_total)"),
+        until=lambda seen: seen >= total,
+        timeout=DEADLINE,
+        what=f"Prometheus seeing {total} analysed requests",
+        interval=0.25,
+    )
+    scraped = "max(timestamp(up{job='islwatch'}))"
+    first = await scalar(session, prometheus, scraped)
+    await eventually_async(
+        lambda: scalar(session, prometheus, scraped),
+        until=lambda last: last >= first + 2,
+        timeout=DEADLINE,
+        what="Prometheus scraping twice more",
+        interval=0.25,
+    )
 
 
 async def drive(stack: Stack) -> None:
@@ -288,17 +309,43 @@ def test_prometheus_loaded_and_evaluated_every_rule(stack: Stack) -> None:
         assert rule["health"] == "ok", f"{name}: {rule.get('lastError')}"
 
 
-def test_drift_fault_shows_up_as_alerts(stack: Stack) -> None:
+def alert_states(state: dict[str, dict[str, Any]], name: str) -> dict[str, str]:
+    """model -> state of the alerts of one rule."""
+    return {a["labels"]["model"]: a["state"] for a in state[name]["alerts"]}
+
+
+def drift_alerts_seen(state: dict[str, dict[str, Any]]) -> bool:
+    return (
+        alert_states(state, "IslwatchDuplicateBOS").get("other") == "firing"
+        and alert_states(state, "IslwatchTokenDrift").get("other") == "pending"
+    )
+
+
+def wait_drift_alerts(stack: Stack) -> dict[str, dict[str, Any]]:
     """double-bos: the duplicate-BOS alert fires at once; token drift is pending (it needs 10 minutes)."""
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        state = rules_state(stack)
-        bos = {a["labels"]["model"]: a["state"] for a in state["IslwatchDuplicateBOS"]["alerts"]}
-        drift = {a["labels"]["model"]: a["state"] for a in state["IslwatchTokenDrift"]["alerts"]}
-        if bos.get("other") == "firing" and drift.get("other") == "pending":
-            break
-        if time.monotonic() > deadline:
-            pytest.fail(f"duplicate BOS: {bos}, token drift: {drift}")
-        time.sleep(0.5)
+
+    def describe(state: dict[str, dict[str, Any]]) -> str:
+        bos, drift = alert_states(state, "IslwatchDuplicateBOS"), alert_states(state, "IslwatchTokenDrift")
+        return f"duplicate BOS: {bos}, token drift: {drift}"
+
+    return eventually(
+        lambda: rules_state(stack),
+        until=drift_alerts_seen,
+        timeout=DEADLINE,
+        what="the duplicate-BOS alert firing and the token drift one pending",
+        interval=0.5,
+        describe=describe,
+    )
+
+
+def test_drift_fault_shows_up_as_alerts(stack: Stack) -> None:
+    state = wait_drift_alerts(stack)
+    assert alert_states(state, "IslwatchDuplicateBOS")["other"] == "firing"
+    assert alert_states(state, "IslwatchTokenDrift")["other"] == "pending"
+
+
+def test_no_proxy_down_or_upstream_error_alerts(stack: Stack) -> None:
+    """Once the drift alerts show (so the rules were evaluated on the traffic), no other alert is active."""
+    state = wait_drift_alerts(stack)
     assert state["IslwatchProxyDown"]["alerts"] == []
     assert state["IslwatchUpstreamErrors"]["alerts"] == []

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.server.config import ProxyConfig, load_config
+from tests.eventually import eventually_async
 
 T = TypeVar("T")
 FIXED_DATE = "Mon, 30 Nov 2026 12:00:00 GMT"  # so direct and proxied answers are byte-identical
@@ -120,6 +120,9 @@ class UpstreamState:
     requests: list[dict[str, Any]]
     cancelled: int = 0
     gate: asyncio.Event | None = None  # set by a test to let "gated" streams continue
+    # Set by a test once its client holds the first bytes of a "reset-*" answer: the upstream then cuts the
+    # connection. (A reader that has not consumed those bytes when the connection dies loses them.)
+    cut: asyncio.Event | None = None
 
 
 def sse_events(include_usage: bool, null_usage: bool) -> list[bytes]:
@@ -219,7 +222,10 @@ def build_test_upstream(state: UpstreamState) -> web.Application:
                 if mode == "reset-stream"
                 else b'{"id":'
             )
-            await asyncio.sleep(0.05)  # let the first bytes leave before the connection dies
+            assert state.cut is not None
+            # Bounded only so that a proxy which holds the bytes back fails its test instead of hanging it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.cut.wait(), 120)
             assert request.transport is not None
             request.transport.abort()
             return resp
@@ -271,18 +277,19 @@ async def wait_metrics(
     session: Any, admin_url: str, check: Callable[[dict[Any, float]], bool], timeout: float = 60.0
 ) -> dict[Any, float]:
     """Poll /metrics until `check` holds (analysis is asynchronous by design). Not a timing assertion: the
-    deadline only bounds a failing test."""
-    deadline = time.monotonic() + timeout
-    while True:
-        samples = await fetch_metrics(session, admin_url)
-        if check(samples):
-            return samples
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                "metrics did not reach the expected state; last: "
-                + repr({k: v for k, v in samples.items() if k[0].startswith("islwatch") and v})[:3000]
-            )
-        await asyncio.sleep(0.02)
+    deadline only bounds a failing test, whose message shows the last non-zero islwatch samples."""
+    return await eventually_async(
+        lambda: fetch_metrics(session, admin_url),
+        until=check,
+        timeout=timeout,
+        what=f"{admin_url}/metrics reaching the expected state",
+        interval=0.02,
+        describe=_islwatch_samples,
+    )
+
+
+def _islwatch_samples(samples: dict[Any, float]) -> str:
+    return repr({k: v for k, v in samples.items() if k[0].startswith("islwatch") and v})[:3000]
 
 
 def settled(samples: dict[Any, float]) -> bool:

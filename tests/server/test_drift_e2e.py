@@ -6,7 +6,6 @@ Also the live parity gauge and the opt-in mismatch dump, as the proxy wires them
 
 from __future__ import annotations
 
-import asyncio
 import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,6 +25,7 @@ from proxy.emulator.app import EmulatorConfig, start_emulator
 from proxy.emulator.faults import parse_faults
 from proxy.server.app import run_proxy
 from proxy.server.config import ProxyConfig
+from tests.eventually import eventually_async
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 IMAGE = [
@@ -89,12 +89,9 @@ def causes(registry: CollectorRegistry) -> dict[str, float]:
 
 async def wait_for(registry: CollectorRegistry, total: int) -> dict[str, float]:
     """Analysis runs off the response path: wait until `total` requests were classified."""
-    for _ in range(3000):
-        seen = causes(registry)
-        if sum(seen.values()) >= total:
-            return seen
-        await asyncio.sleep(0.01)
-    return causes(registry)
+    return await eventually_async(
+        lambda: causes(registry), until=lambda seen: sum(seen.values()) >= total, what=f"{total} drift causes"
+    )
 
 
 async def send(url: str, body: dict[str, Any], stream: bool = False) -> None:
@@ -153,11 +150,16 @@ async def test_causes_on_shared_tokenizers(family: str, fault: str, cause: str) 
         assert await wait_for(registry, 2) == {cause: 2.0}
 
 
-async def test_parity_gauge_and_mismatch_dump(built_llama3: str, tmp_path: Path) -> None:
+async def test_parity_gauge_is_set_at_start(built_llama3: str) -> None:
+    registry = CollectorRegistry()
+    async with proxied(built_llama3, ["double-bos"], registry):
+        assert registry.get_sample_value("islwatch_parity_ok", {"model": "default"}) == 1.0
+
+
+async def test_mismatch_dump_is_bounded_and_private(built_llama3: str, tmp_path: Path) -> None:
     registry = CollectorRegistry()
     dumps = tmp_path / "dumps"
     async with proxied(built_llama3, ["double-bos"], registry, dump_mismatches=str(dumps), dump_max=2) as url:
-        assert registry.get_sample_value("islwatch_parity_ok", {"model": "default"}) == 1.0
         for _ in range(3):
             await send(url, {"messages": USER})
         assert await wait_for(registry, 3) == {d.DUPLICATE_BOS: 3.0}

@@ -4,15 +4,14 @@ queue drops analyses (counted) instead of waiting."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -46,91 +45,124 @@ def emulator() -> Iterator[str]:
     bg.close()
 
 
-async def _wait_ready(session: aiohttp.ClientSession, admin: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        try:
-            async with session.get(admin + "/readyz") as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientConnectionError:
-            pass
-        await asyncio.sleep(0.1)
-    raise AssertionError("proxy never became ready")
+@dataclass
+class CliProxy:
+    proc: subprocess.Popen[bytes]
+    url: str
+    admin: str
+    folder: Path  # the `built` model's tokenizer folder
+    log: Path  # the proxy's stderr
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")
 
 
-async def test_cli_proxy_with_worker_processes_and_sighup_reload(emulator: str, tmp_path: Path) -> None:
+async def _wait_ready(session: aiohttp.ClientSession, proxy: CliProxy) -> None:
+    async def probe() -> tuple[int | None, int]:
+        if proxy.proc.poll() is not None:
+            return proxy.proc.returncode, 0
+        async with session.get(proxy.admin + "/readyz") as r:
+            return None, r.status
+
+    code, _ = await eventually_async(
+        probe, until=lambda seen: seen[0] is not None or seen[1] == 200, timeout=180, what="the proxy ready"
+    )
+    assert code is None, f"the proxy exited with {code}: {proxy.stderr()[-3000:]}"
+
+
+@pytest.fixture
+async def cli_proxy(emulator: str, tmp_path: Path) -> AsyncIterator[CliProxy]:
+    """`islwatch proxy` in front of the emulator, with worker processes and a `built` model, ready."""
     folder = save_tokenizer("chatml", str(tmp_path / "built"))
     port, admin_port = _free_port(), _free_port()
-    url, admin = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ISLWATCH_") or k == "ISLWATCH_CACHE"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "proxy.cli",
-            "proxy",
-            "--upstream",
-            emulator,
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--admin",
-            f"127.0.0.1:{admin_port}",
-            "--model-tokenizer",
-            f"built={folder}",
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    log = tmp_path / "proxy.stderr"
+    with log.open("wb") as fh:  # the child keeps its own handle
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "proxy.cli",
+                "proxy",
+                "--upstream",
+                emulator,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--admin",
+                f"127.0.0.1:{admin_port}",
+                "--model-tokenizer",
+                f"built={folder}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stderr=fh,
+            env=env,
+        )
+    proxy = CliProxy(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}", Path(folder), log)
     try:
         async with aiohttp.ClientSession() as s:
-            await _wait_ready(s, admin, proc)
-            async with s.post(url + "/v1/chat/completions", json=CHAT) as r:  # unknown name -> "other"
-                assert r.status == 200
-            async with s.post(url + "/v1/chat/completions", json={**CHAT, "model": "built"}) as r:
-                assert r.status == 200
-            m = await wait_metrics(s, admin, lambda m: value(m, "islwatch_isl_match_total") == 2)
-            # The emulator counts with the built-in Mistral tokenizer, as the default tokenizer does.
-            assert value(m, "islwatch_isl_match_total", model="other", result="exact") == 1
-            assert value(m, "islwatch_isl_match_total", model="built") == 1
-            assert value(m, "islwatch_bad_requests_total", reason="unknown_model") == 1
-            assert value(m, "islwatch_analysis_seconds_count") == 2
-            assert value(m, "islwatch_parity_ok", model="built") == 1
-            assert value(m, "islwatch_tokenizer_changes_total", model="built") == 0
-
-            # A silent template change on disk, picked up by SIGHUP.
-            jinja = Path(folder) / "chat_template.jinja"  # transformers 5 saves the template here
-            if jinja.exists():
-                jinja.write_text(jinja.read_text().replace("helpful", "useful"))
-            else:
-                config_file = Path(folder) / "tokenizer_config.json"
-                cfg = json.loads(config_file.read_text())
-                cfg["chat_template"] = cfg["chat_template"].replace("helpful", "useful")
-                config_file.write_text(json.dumps(cfg))
-            proc.send_signal(signal.SIGHUP)
-            m = await wait_metrics(
-                s, admin, lambda m: value(m, "islwatch_tokenizer_changes_total", model="built") == 1
-            )
-            assert value(m, "islwatch_tokenizer_changes_total", model="default") == 0
-            info = [dict(ls) for (n, ls), v in m.items() if n == "islwatch_tokenizer_info" and v == 1]
-            assert sorted(i["model"] for i in info) == ["built", "default"]  # the old series is gone
-            async with s.post(admin + "/reload") as r:  # nothing changed since: no new increment
-                assert r.status == 200
-            m = await fetch_metrics(s, admin)
-            assert value(m, "islwatch_tokenizer_changes_total", model="built") == 1
-            async with s.post(url + "/v1/chat/completions", json=CHAT) as r:  # the new workers analyse
-                assert r.status == 200
-            await wait_metrics(s, admin, lambda m: value(m, "islwatch_isl_match_total") == 3)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
+            await _wait_ready(s, proxy)
+        yield proxy
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    stderr = proc.stderr.read() if proc.stderr else ""
+
+
+def _stop_gracefully(proxy: CliProxy) -> None:
+    """SIGTERM: a clean exit, and nothing of the prompts (nor a traceback) in the log."""
+    proxy.proc.send_signal(signal.SIGTERM)
+    assert proxy.proc.wait(60) == 0
+    stderr = proxy.stderr()
     assert "Hello there" not in stderr and "Traceback" not in stderr
+
+
+async def test_cli_proxy_analyses_in_worker_processes(cli_proxy: CliProxy) -> None:
+    url, admin = cli_proxy.url, cli_proxy.admin
+    async with aiohttp.ClientSession() as s:
+        async with s.post(url + "/v1/chat/completions", json=CHAT) as r:  # unknown name -> "other"
+            assert r.status == 200
+        async with s.post(url + "/v1/chat/completions", json={**CHAT, "model": "built"}) as r:
+            assert r.status == 200
+        m = await wait_metrics(s, admin, lambda m: value(m, "islwatch_isl_match_total") == 2)
+    # The emulator counts with the built-in Mistral tokenizer, as the default tokenizer does.
+    assert value(m, "islwatch_isl_match_total", model="other", result="exact") == 1
+    assert value(m, "islwatch_isl_match_total", model="built") == 1
+    assert value(m, "islwatch_bad_requests_total", reason="unknown_model") == 1
+    assert value(m, "islwatch_analysis_seconds_count") == 2
+    assert value(m, "islwatch_parity_ok", model="built") == 1
+    assert value(m, "islwatch_tokenizer_changes_total", model="built") == 0
+    _stop_gracefully(cli_proxy)
+
+
+async def test_cli_proxy_sighup_reload_detects_a_changed_template(cli_proxy: CliProxy) -> None:
+    url, admin = cli_proxy.url, cli_proxy.admin
+    async with aiohttp.ClientSession() as s:
+        m = await fetch_metrics(s, admin)
+        assert value(m, "islwatch_tokenizer_changes_total", model="built") == 0
+        # A silent template change on disk, picked up by SIGHUP.
+        jinja = cli_proxy.folder / "chat_template.jinja"  # transformers 5 saves the template here
+        if jinja.exists():
+            jinja.write_text(jinja.read_text().replace("helpful", "useful"))
+        else:
+            config_file = cli_proxy.folder / "tokenizer_config.json"
+            cfg = json.loads(config_file.read_text())
+            cfg["chat_template"] = cfg["chat_template"].replace("helpful", "useful")
+            config_file.write_text(json.dumps(cfg))
+        cli_proxy.proc.send_signal(signal.SIGHUP)
+        m = await wait_metrics(
+            s, admin, lambda m: value(m, "islwatch_tokenizer_changes_total", model="built") == 1
+        )
+        assert value(m, "islwatch_tokenizer_changes_total", model="default") == 0
+        info = [dict(ls) for (n, ls), v in m.items() if n == "islwatch_tokenizer_info" and v == 1]
+        assert sorted(i["model"] for i in info) == ["built", "default"]  # the old series is gone
+        async with s.post(admin + "/reload") as r:  # nothing changed since: no new increment
+            assert r.status == 200
+        m = await fetch_metrics(s, admin)
+        assert value(m, "islwatch_tokenizer_changes_total", model="built") == 1
+        async with s.post(url + "/v1/chat/completions", json=CHAT) as r:  # the new workers analyse
+            assert r.status == 200
+        await wait_metrics(s, admin, lambda m: value(m, "islwatch_isl_match_total") == 1)
+    _stop_gracefully(cli_proxy)
 
 
 async def test_full_queue_drops_and_counts_instead_of_waiting() -> None:

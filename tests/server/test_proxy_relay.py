@@ -22,6 +22,7 @@ from yarl import URL
 from proxy.emulator.app import EmulatorConfig, build_emulator_app
 from proxy.server.app import run_proxy
 from tests.conftest import load_builtin
+from tests.eventually import eventually_async
 from tests.server.helpers import (
     MODE_HEADER,
     Background,
@@ -67,6 +68,7 @@ def servers() -> Iterator[Servers]:
     emulator = bg.enter(serve_app(build_emulator_app(EmulatorConfig(), tokenizer=tok)))
     state = UpstreamState(requests=[])
     state.gate = bg.call(asyncio.Event)
+    state.cut = bg.call(asyncio.Event)
     # handler_cancellation: like vLLM, the upstream notices a closed connection (and stops generating).
     upstream = bg.enter(serve_app(build_test_upstream(state), handler_cancellation=True))
     plain = bg.enter(run_proxy(proxy_config(emulator)))
@@ -497,7 +499,11 @@ async def test_upstream_down_gives_502_json(servers: Servers, caplog: pytest.Log
 async def test_upstream_reset_mid_response_reaches_the_client_as_the_same_failure(
     servers: Servers, mode: str
 ) -> None:
+    cut = servers.state.cut
+    assert cut is not None
+
     async def attempt(base: str) -> tuple[bytes, type[BaseException] | None]:
+        servers.bg.call(cut.clear)
         got = b""
         async with (
             aiohttp.ClientSession() as s,
@@ -508,6 +514,7 @@ async def test_upstream_reset_mid_response_reaches_the_client_as_the_same_failur
             try:
                 async for chunk in r.content.iter_any():
                     got += chunk
+                    servers.bg.call(cut.set)  # the client holds the first bytes: now the upstream dies
             except aiohttp.ClientPayloadError as exc:
                 return got, type(exc)
         return got, None
@@ -541,11 +548,12 @@ async def test_client_disconnect_mid_stream_cancels_upstream_and_leaks_no_task(s
         assert b"first" in await r.content.readuntil(b"\n\n")
         r.close()  # the client goes away mid-stream
         # The upstream sees its request cancelled, with no help from the gate.
-        for _ in range(3000):
-            if servers.state.cancelled > before_cancelled:
-                break
-            await asyncio.sleep(0.01)
-        assert servers.state.cancelled == before_cancelled + 1
+        cancelled = await eventually_async(
+            lambda: servers.state.cancelled,
+            until=lambda n: n > before_cancelled,
+            what="the upstream seeing its request cancelled",
+        )
+        assert cancelled == before_cancelled + 1
         # The analysis still got its record (no server count: the stream never finished).
         await wait_metrics(
             s,
@@ -556,17 +564,22 @@ async def test_client_disconnect_mid_stream_cancels_upstream_and_leaks_no_task(s
                 > value(before, "islwatch_isl_match_total", result="no_server_count")
             ),
         )
-    for _ in range(3000):
-        if servers.bg.call(lambda: len(asyncio.all_tasks(servers.bg.loop))) <= baseline:
-            break
-        await asyncio.sleep(0.01)
+    await eventually_async(
+        lambda: servers.bg.call(lambda: len(asyncio.all_tasks(servers.bg.loop))),
+        until=lambda n: n <= baseline,
+        what=f"the servers' loop back to at most {baseline} tasks",
+    )
     assert servers.bg.call(lambda: len(asyncio.all_tasks(servers.bg.loop))) <= baseline
 
 
 # ---- admin and metrics ------------------------------------------------------------------------------------
 
 
-async def test_admin_endpoints_and_metric_catalogue(servers: Servers) -> None:
+def _tokenizer_info(m: dict) -> list[dict[str, str]]:
+    return [dict(ls) for (n, ls), v in m.items() if n == "islwatch_tokenizer_info" and v == 1]
+
+
+async def test_health_and_readiness(servers: Servers) -> None:
     async with aiohttp.ClientSession() as s:
         async with s.get(servers.plain.admin_url + "/healthz") as r:
             assert r.status == 200
@@ -574,6 +587,10 @@ async def test_admin_endpoints_and_metric_catalogue(servers: Servers) -> None:
             assert r.status == 200 and (await r.json())["tokenizers"] == {"default": "loaded"}
         async with s.get(servers.down.admin_url + "/readyz") as r:  # no tokenizer at all: nothing to load
             assert r.status == 200
+
+
+async def test_reload_of_unchanged_files_is_not_a_change(servers: Servers) -> None:
+    async with aiohttp.ClientSession() as s:
         before = await fetch_metrics(s, servers.plain.admin_url)
         async with s.post(servers.plain.admin_url + "/reload") as r:
             assert r.status == 200 and (await r.json())["status"] == "reloaded"
@@ -584,9 +601,17 @@ async def test_admin_endpoints_and_metric_catalogue(servers: Servers) -> None:
         == value(before, "islwatch_tokenizer_changes_total", model="default")
         == 0
     )
-    info = [dict(ls) for (n, ls), v in m.items() if n == "islwatch_tokenizer_info" and v == 1]
+    info = _tokenizer_info(m)  # one identity series, before and after the reload
     assert len(info) == 1 and info[0]["model"] == "default" and info[0]["tokenizer"] == "builtin:mistral-v0.1"
     assert len(info[0]["template_sha256"]) == 64 and len(info[0]["tokenizer_sha256"]) == 64
+    assert _tokenizer_info(before) == info
+
+
+async def test_metric_catalogue(servers: Servers) -> None:
+    async with aiohttp.ClientSession() as s:
+        m = await fetch_metrics(s, servers.plain.admin_url)
+    info = _tokenizer_info(m)
+    assert len(info) == 1 and info[0]["model"] == "default" and info[0]["tokenizer"] == "builtin:mistral-v0.1"
     assert value(m, "islwatch_parity_ok", model="default") == 1
     assert value(m, "islwatch_build_info") == 1
     names = {n for n, _ in m}
