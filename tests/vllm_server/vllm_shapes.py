@@ -1,9 +1,6 @@
-"""The request shapes sent to the real vLLM server, and where its count cannot be predicted.
-
-`unpredictable` names the drift cause for a shape vLLM counts in a way the request alone does not fix
-(README, "Tested against vLLM"); a shape with none must count exactly. `refused` marks a request vLLM
-answers with a 400 (the proxy relays it and does not analyse it). Bodies carry only what shapes the
-prompt; tests add the model and limits.
+"""The request shapes sent to the real vLLM server. Every answered shape must count exactly (README,
+"Tested against vLLM"); `refused` marks a request vLLM answers with a 400, which the proxy relays byte for
+byte and does not analyse. Bodies carry only what shapes the prompt; tests add the model and limits.
 """
 
 from __future__ import annotations
@@ -89,7 +86,7 @@ CHAT: list[Shape] = [
         [user("Hi"), {"role": "assistant", "content": parts("Hello", "there.")}, user("And?")],
     ),
     chat("empty_user", [user("")]),
-    chat("null_content", [user(None)]),
+    chat("assistant_null_content", [user("Hi"), {"role": "assistant", "content": None}, user("Again")]),
     chat("empty_parts", [user([])]),
     chat("named_user", [user("Hi", name="bob")]),
     chat("unicode", [user("Café naïve 日本語 Ωμέγα 🚀👩‍👩‍👧 a\u00a0b \u200bzw Ame\u0301lie")]),
@@ -111,11 +108,6 @@ CHAT: list[Shape] = [
     chat(
         "tool_round_trip_string_args",
         [ASK, assistant_calls(call("c1", '{"city": "Paris"}')), tool("c1", "sunny, 21C")],
-        tools=[WEATHER],
-    ),
-    chat(
-        "tool_round_trip_object_args",
-        [ASK, assistant_calls(call("c1", {"city": "Paris"})), tool("c1", "sunny")],
         tools=[WEATHER],
     ),
     chat(
@@ -169,9 +161,42 @@ COMPLETIONS: list[Shape] = [
     Shape("prompt_list", "completions", {"prompt": ["The sky is", "Hello world, once again"]}),
     Shape("prompt_token_ids", "completions", {"prompt": [9707, 1879, 11, 374]}),
     Shape("prompt_no_special_tokens", "completions", {"prompt": "The sky is", "add_special_tokens": False}),
+    Shape("prompt_unicode_whitespace", "completions", {"prompt": "Ünïcödé\t 日本\n\n  end "}),
+]
+
+RESPONSES: list[Shape] = [
+    Shape("input_string", "responses", {"input": "Name a colour."}),
+    Shape("input_with_instructions", "responses", {"input": "Name a colour.", "instructions": "Be terse."}),
+    Shape(
+        "input_items",
+        "responses",
+        {
+            "input": [
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "Hello"}],
+                },
+                {"type": "message", "role": "user", "content": "More"},
+            ]
+        },
+    ),
+]
+
+EMBEDDINGS: list[Shape] = [
+    Shape("embed_string", "embeddings", {"input": "The sky is blue."}),
+    Shape("embed_list", "embeddings", {"input": ["The sky is blue.", "Grass is green, mostly."]}),
 ]
 
 REFUSED: list[Shape] = [
+    # vLLM's request model refuses a null user content and tool-call arguments that are not a string.
+    chat("user_null_content", [user(None)]),
+    chat(
+        "tool_call_object_arguments",
+        [ASK, assistant_calls(call("c1", {"city": "Paris"})), tool("c1", "sunny")],
+        tools=[WEATHER],
+    ),
     Shape(
         "image_on_text_model",
         "chat",
@@ -185,6 +210,7 @@ REFUSED: list[Shape] = [
                 )
             ]
         },
-        refused=True,
     ),
 ]
+REFUSED = [Shape(s.name, s.endpoint, s.body, refused=True) for s in REFUSED]
+ANSWERED = CHAT + COMPLETIONS + RESPONSES
