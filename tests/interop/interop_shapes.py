@@ -166,8 +166,9 @@ CHAT: list[Shape] = [
     Shape(
         "tool_without_description_or_parameters",
         "chat",
+        # No divergence since the vllm flavor dumps tools as vLLM's request model: `"description": null,
+        # "parameters": null` costs Qwen2.5 the same tokens as llama-server's rebuilt `"", {}`.
         {"messages": [user("ping")], "tools": [{"type": "function", "function": {"name": "ping"}}]},
-        diverges={QWEN: TOOLS_REBUILT},
     ),
     Shape(
         "tool_strict",
