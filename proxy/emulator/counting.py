@@ -18,8 +18,9 @@ import dataclasses
 from typing import Any
 
 from proxy.core.endpoints import Endpoint
-from proxy.core.extract import ChatInput, InvalidBody, chat_input, prompt_input, responses_input
-from proxy.core.tokens import encode_len, parts_format, render_chat, template_of
+from proxy.core.extract import ChatInput, chat_input, prompt_input, responses_input
+from proxy.core.messages import InvalidBody
+from proxy.core.tokens import developer_role, encode_len, parts_format, render_chat, template_of
 from proxy.emulator.errors import RequestError
 from proxy.emulator.faults import Faults
 
@@ -30,15 +31,16 @@ NO_DEFAULT_TEMPLATE = (
     "As of transformers v4.44, default chat template is no longer allowed, so you must provide a "
     "chat template if the tokenizer does not define one."
 )
-# `render_messages`' TypeError when a template renders to something else; answered with this text alone.
+# `render_chat`'s TypeError when a template renders to something else; answered with this text alone.
 NOT_TEXT = "chat template did not render to text"
 
 
 def _chat_of(tok: Any, endpoint: Endpoint, body: Any) -> ChatInput:
     try:
+        facts = (parts_format(tok), developer_role(tok))
         if endpoint == Endpoint.RESPONSES:
-            return responses_input(body, parts_format(tok))
-        chat = chat_input(body, parts_format(tok))
+            return responses_input(body, *facts)
+        chat = chat_input(body, *facts)
     except InvalidBody as exc:
         raise RequestError(str(exc)) from None
     if endpoint == Endpoint.EMBEDDINGS:
