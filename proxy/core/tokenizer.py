@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import tokenizers
 import transformers
 
 from .specs import BUILTIN_PREFIX, parse_spec
+from .tokens import template_of
 
 log = logging.getLogger("islwatch.tokenizer")
 
@@ -59,9 +60,9 @@ class TokenizerIdentity:
     revision: str | None
     tokenizer_class: str
     template_sha256: str | None
-    files: dict[str, str] = field(default_factory=dict)
-    transformers_version: str = transformers.__version__
-    tokenizers_version: str = tokenizers.__version__
+    files: dict[str, str]
+    transformers_version: str
+    tokenizers_version: str
 
     @property
     def tokenizer_sha256(self) -> str:
@@ -183,9 +184,7 @@ def load_tokenizer(
             tok.chat_template = Path(chat_template_file).read_text(encoding="utf-8")
         except OSError as exc:
             raise TokenizerLoadError(f"cannot read chat template file {chat_template_file!r}: {exc}") from exc
-    template = tok.chat_template if isinstance(tok.chat_template, str) else None
-    if isinstance(tok.chat_template, dict):  # named templates: the server uses "default"
-        template = tok.chat_template.get("default")
+    template = template_of(tok)
     folder = _resolved_folder(tok, path_or_id)
     files = _hash_files(folder) if folder else {}
     if chat_template_file:
@@ -196,5 +195,7 @@ def load_tokenizer(
         tokenizer_class=type(tok).__name__,
         template_sha256=sha256_text(template),
         files=files,
+        transformers_version=transformers.__version__,
+        tokenizers_version=tokenizers.__version__,
     )
     return LoadedTokenizer(tokenizer=tok, identity=identity)

@@ -10,13 +10,12 @@ a folder changes nothing the model sees; its content is pinned by the file hashe
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, fields
-from typing import Any, Literal
+from dataclasses import asdict
+from typing import Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict
 from pydantic.dataclasses import dataclass
-from pydantic_core import PydanticKnownError
 
 from proxy.core.tokenizer import LoadedTokenizer, TokenizerIdentity
 from proxy.core.tokens import template_of
@@ -29,36 +28,12 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class _Absent:
-    def __repr__(self) -> str:
-        return "<absent>"
-
-
-_ABSENT = _Absent()  # a key the baseline file does not have
-
-
 @dataclass(frozen=True, kw_only=True, config=ConfigDict(extra="forbid"))
 class TokenizerRecord(TokenizerIdentity):
     """The tokenizer's identity, validated from a baseline file, plus the template text (so a change can
     be located to the character)."""
 
     template: str | None
-
-    # TokenizerIdentity defaults `files` and the library versions for the loader; a baseline must state
-    # them. A key missing from the file is reported as pydantic reports a missing required field.
-    @model_validator(mode="before")
-    @classmethod
-    def _every_key(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            return {**dict.fromkeys((f.name for f in fields(cls)), _ABSENT), **data}
-        return data
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _present(cls, value: Any) -> Any:
-        if value is _ABSENT:
-            raise PydanticKnownError("missing")
-        return value
 
 
 class ModeRecord(_Frozen):
