@@ -8,6 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# The message and tool builders the llama-server shapes use; the same requests, another oracle.
+from interop.interop_shapes import WEATHER, user
+from interop.interop_shapes import text_parts as parts
+from interop.interop_shapes import tool_call as call
+from interop.interop_shapes import tool_result as tool
+
 QWEN = "qwen2.5-instruct"
 LLAMA3 = "llama-3-8b-instruct"
 
@@ -20,26 +26,6 @@ class Shape:
     refused: bool = False  # vLLM answers 400
 
 
-def user(text: Any, **extra: Any) -> dict[str, Any]:
-    return {"role": "user", "content": text, **extra}
-
-
-def parts(*texts: str) -> list[dict[str, str]]:
-    return [{"type": "text", "text": t} for t in texts]
-
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
-            "required": ["city"],
-        },
-    },
-}
 TIME = {
     "type": "function",
     "function": {"name": "get_time", "description": "The time in a zone.", "parameters": {"type": "object"}},
@@ -49,16 +35,8 @@ ASK = user("What's the weather in Paris?")
 LONG = " ".join(f"Sentence {i}: the quick brown fox jumps over the lazy dog." for i in range(230))
 
 
-def call(call_id: str, args: Any, name: str = "get_weather") -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
-
-
 def assistant_calls(*calls: dict[str, Any], content: Any = None) -> dict[str, Any]:
     return {"role": "assistant", "content": content, "tool_calls": list(calls)}
-
-
-def tool(call_id: str, content: Any) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
 def chat(name: str, messages: list[dict[str, Any]], **body: Any) -> Shape:
@@ -88,7 +66,7 @@ CHAT: list[Shape] = [
     chat("empty_user", [user("")]),
     chat("assistant_null_content", [user("Hi"), {"role": "assistant", "content": None}, user("Again")]),
     chat("empty_parts", [user([])]),
-    chat("named_user", [user("Hi", name="bob")]),
+    chat("named_user", [{"role": "user", "content": "Hi", "name": "bob"}]),
     chat("unicode", [user("Café naïve 日本語 Ωμέγα 🚀👩‍👩‍👧 a\u00a0b \u200bzw Ame\u0301lie")]),
     chat("odd_whitespace", [user("  lead\t\ttabs\r\nCRLF\n\n\n  trailing   \n")]),
     chat("long_3k", [user(LONG)]),
