@@ -3,7 +3,6 @@ progress, proxy metrics before and after, report. Used by `islwatch loadgen` and
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing as mp
 import queue
 import time
@@ -15,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from proxy.core.tokenizer import LoadedTokenizer, load_tokenizer
+from proxy.server.loop import run as run_loop
 
 from . import proxymetrics
 from .config import LoadgenConfig
@@ -39,15 +39,6 @@ def prepare(cfg: LoadgenConfig) -> Prepared:
     return Prepared(loaded, workload, Overheads(fixed=o.fixed, wrap=o.wrap, marker=o.marker))
 
 
-def _run_loop(coro: Any) -> Any:
-    try:
-        import uvloop
-
-        return uvloop.run(coro)
-    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        return asyncio.run(coro)
-
-
 def _worker_main(
     cfg_data: dict[str, Any], index: int, n: int, done: Any, ready: Any, go: Any, out: Any
 ) -> None:
@@ -64,7 +55,7 @@ def _worker_main(
         go.wait()
 
     engine = Engine(cfg, workload, worker=index, workers=n, on_done=on_done)
-    out.put((index, _run_loop(engine.run(ready=wait_go))))
+    out.put((index, run_loop(engine.run(ready=wait_go))))
 
 
 def send_all(cfg: LoadgenConfig, prepared: Prepared, tick: Callable[[int], None]) -> list[Record]:
@@ -77,7 +68,7 @@ def send_all(cfg: LoadgenConfig, prepared: Prepared, tick: Callable[[int], None]
             count += 1
             tick(count)
 
-        return _run_loop(Engine(cfg, prepared.workload, on_done=on_done).run())
+        return run_loop(Engine(cfg, prepared.workload, on_done=on_done).run())
     ctx = mp.get_context("spawn")  # fresh interpreters: no forked event loop or tokenizer threads
     done, ready, go, out = ctx.Value("i", 0), ctx.Value("i", 0), ctx.Event(), ctx.Queue()
     procs = [

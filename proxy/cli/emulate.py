@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
 from proxy.core.specs import DEFAULT_TOKENIZER
@@ -87,6 +86,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
 def run(args: argparse.Namespace) -> int:
     from proxy.core.tokenizer import TokenizerLoadError
     from proxy.emulator.app import build_emulator_app, serve
+    from proxy.server.loop import run as run_loop
 
     try:
         config = config_from_args(args)
@@ -96,14 +96,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"islwatch emulate: error: {exc}", file=sys.stderr)
         return 2
     try:
-        import uvloop
-
-        loop_factory = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        loop_factory = None
-    try:
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(serve(app, host, port))
+        run_loop(serve(app, host, port))
     except OSError as exc:  # address in use, permission denied
         print(f"islwatch emulate: error: cannot listen on {args.listen}: {exc}", file=sys.stderr)
         return 2

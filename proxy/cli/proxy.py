@@ -72,10 +72,9 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
-
     from proxy.server.app import serve
     from proxy.server.config import ConfigError
+    from proxy.server.loop import run as run_loop
 
     try:
         config = config_from_args(args)
@@ -84,13 +83,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     logging.getLogger().setLevel(config.log_level)
     try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:  # optional: the stock loop works, a little slower
-        pass
-    try:
-        asyncio.run(serve(config))
+        run_loop(serve(config))
     except OSError as exc:  # e.g. the port is taken
         print(f"islwatch proxy: {exc}", file=sys.stderr)
         return 1
