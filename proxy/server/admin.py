@@ -1,13 +1,17 @@
 """The admin app: /metrics (prometheus_client's own aiohttp exposition: content negotiation, OpenMetrics and
 gzip included), /healthz, /readyz (200 only while every tokenizer is loaded: the proxy relays either way,
-but says when it is not measuring), POST /reload (also on SIGHUP).
+but says when it is not measuring; with `upstream_health_path`, also only while the upstream's health path
+answers 200, so a server bound to loopback in the pod is probed through islwatch), POST /reload (also on
+SIGHUP).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 
+import aiohttp
 from aiohttp import web
 from prometheus_client.aiohttp import make_aiohttp_handler
 
@@ -19,12 +23,18 @@ log = logging.getLogger("islwatch.proxy")
 POOL = web.AppKey("pool", AnalysisPool)
 # Serialises reloads (SIGHUP and POST /reload may race).
 RELOAD_LOCK = web.AppKey("reload_lock", asyncio.Lock)
+UPSTREAM_HEALTH = web.AppKey("upstream_health", str)  # the upstream's health URL; absent: not checked
+HEALTH_SESSION = web.AppKey("health_session", aiohttp.ClientSession)
+HEALTH_TIMEOUT_SECONDS = 2.0  # below the kubelet's default probe timeout budget (periodSeconds 5)
 
 
-def build_admin(pool: AnalysisPool, metrics: Metrics) -> web.Application:
+def build_admin(pool: AnalysisPool, metrics: Metrics, upstream_health: str | None = None) -> web.Application:
     admin = web.Application()
     admin[POOL] = pool
     admin[RELOAD_LOCK] = asyncio.Lock()
+    if upstream_health is not None:
+        admin[UPSTREAM_HEALTH] = upstream_health
+        admin.cleanup_ctx.append(_health_session)
     admin.router.add_get("/metrics", make_aiohttp_handler(metrics.registry))
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/readyz", readyz)
@@ -36,14 +46,36 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+async def _health_session(app: web.Application) -> AsyncIterator[None]:
+    timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_SECONDS)
+    app[HEALTH_SESSION] = aiohttp.ClientSession(timeout=timeout, trust_env=False)
+    yield
+    await app[HEALTH_SESSION].close()
+
+
+async def upstream_state(app: web.Application) -> str | None:
+    """None when the upstream's health is not checked; "ok", or why not (content-free)."""
+    url = app.get(UPSTREAM_HEALTH)
+    if url is None:
+        return None
+    try:
+        async with app[HEALTH_SESSION].get(url, allow_redirects=False) as resp:
+            return "ok" if resp.status == 200 else f"status {resp.status}"
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return type(exc).__name__
+
+
 async def readyz(request: web.Request) -> web.Response:
     pool = request.app[POOL]
     models = {r.label: ("error: " + r.error if r.error else "loaded") for r in pool.reports}
-    if pool.ready:
-        return web.json_response({"status": "ready", "tokenizers": models})
-    return web.json_response(
-        {"status": "loading" if not models else "error", "tokenizers": models}, status=503
-    )
+    upstream = await upstream_state(request.app)
+    body: dict[str, object] = {"tokenizers": models}
+    if upstream is not None:
+        body["upstream"] = upstream
+    if pool.ready and upstream in (None, "ok"):
+        return web.json_response({"status": "ready", **body})
+    status = "upstream_not_ready" if pool.ready else "loading" if not models else "error"
+    return web.json_response({"status": status, **body}, status=503)
 
 
 async def reload_tokenizers(admin: web.Application) -> tuple[bool, dict[str, str]]:

@@ -97,7 +97,8 @@ def build_apps(
     traffic.cleanup_ctx.append(analysis_pool)
     traffic.router.add_route("*", "/{tail:.*}", handle)
 
-    return traffic, build_admin(pool, metrics)
+    health = config.upstream + config.upstream_health_path if config.upstream_health_path else None
+    return traffic, build_admin(pool, metrics, health)
 
 
 async def _start_pool(pool: AnalysisPool) -> None:

@@ -54,6 +54,9 @@ class ProxyConfig(BaseModel):
     dump_mismatches: str | None = None
     dump_max: int = Field(default=100, ge=1)
     upstream_timeout_seconds: float = Field(default=600.0, gt=0)
+    # When set, /readyz is 200 only while GET upstream + this path answers 200 too (vLLM and llama-server:
+    # /health), so a server bound to loopback inside the pod is probed through islwatch's admin port.
+    upstream_health_path: str | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
 
     @field_validator("upstream")
@@ -65,6 +68,13 @@ class ProxyConfig(BaseModel):
         if url.query_string or url.fragment:
             raise ValueError("upstream must not carry a query or fragment")
         return value.rstrip("/")
+
+    @field_validator("upstream_health_path")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"upstream_health_path must start with '/', got {value!r}")
+        return value or None
 
     @field_validator("listen", "admin")
     @classmethod
@@ -136,7 +146,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
             value: Any = env[name]
             if key == "model_tokenizers":
                 value = parse_model_tokenizers(value)
-            elif key in ("dump_mismatches", "chat_template") and value == "":
+            elif key in ("dump_mismatches", "chat_template", "upstream_health_path") and value == "":
                 value = None
             out[key] = value
     return out
