@@ -154,3 +154,10 @@ def test_list_of_prompts_stream_sends_data_null(llama_server: LlamaServer) -> No
         events = [e for e in resp.read().decode().split("\n\n") if e]
     assert events.count("data: null") == 1
     assert events[-1] == "data: [DONE]"
+
+
+def test_the_server_is_the_tested_version(llama_server: LlamaServer) -> None:
+    """The llama.cpp flavor is pinned to the build tested (proxy.core.specs.TESTED_VERSIONS)."""
+    from proxy.core.specs import TESTED_VERSIONS
+
+    assert llama_server.version == TESTED_VERSIONS["llama.cpp"]

@@ -47,7 +47,7 @@ def test_services(services: dict[str, Any]) -> None:
     # Exactly one upstream runs per profile, and both answer as "upstream".
     assert services["vllm"]["profiles"] == ["gpu"] and services["emulator"]["profiles"] == ["cpu"]
     for name in ("vllm", "emulator"):
-        assert "upstream" in services[name]["networks"]["default"]["aliases"]
+        assert "upstream" in services[name]["networks"]["backend"]["aliases"]
     for name in ("islwatch", "prometheus", "grafana"):
         assert "profiles" not in services[name], f"{name} must run in every profile"
 
@@ -137,3 +137,25 @@ def test_commands_parse_with_the_real_cli(services: dict[str, Any], name: str) -
 
     args = build_parser().parse_args(services[name]["command"])
     assert args.command == services[name]["command"][0]
+
+
+def test_only_islwatch_reaches_the_inference_server(services: dict[str, Any]) -> None:
+    """The upstream publishes no port and shares its network with islwatch alone: no way around the proxy."""
+    for name in ("vllm", "emulator"):
+        assert not services[name].get("ports"), f"{name} must not publish a port"
+        assert set(services[name]["networks"]) == {"backend"}, name
+    on_backend = {n for n, s in services.items() if "backend" in (s.get("networks") or {"default": None})}
+    assert on_backend == {"vllm", "emulator", "islwatch"}
+    assert set(services["islwatch"]["networks"]) == {"default", "backend"}  # Prometheus scrapes it
+
+
+def test_vllm_image_is_the_tested_version(services: dict[str, Any]) -> None:
+    from proxy.core.specs import VLLM_IMAGE
+
+    assert services["vllm"]["image"] == VLLM_IMAGE
+
+
+def test_readyz_asks_the_upstream(services: dict[str, Any], tmp_path: Path) -> None:
+    islwatch = services["islwatch"]
+    config = check_proxy_config(mounts(islwatch)[islwatch["command"][-1]].read_text(), tmp_path, {})
+    assert config.upstream_health_path == "/health"

