@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy.core.diagnose import build_profile
+from proxy.core.probe import first_diff
 from proxy.core.tokens import Messages, template_of
 from proxy.parity.paths import (
     BUILTIN_CONVERSATIONS,
@@ -110,14 +111,6 @@ class ParityReport:
     @property
     def ok(self) -> bool:
         return self.checked > 0 and not self.controls and all(c.ok for c in self.conversations)
-
-
-def first_diff(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """First index where the sequences differ; the shorter length when one is a prefix; None if equal."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def special_ids(tok: Any) -> frozenset[int]:

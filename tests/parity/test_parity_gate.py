@@ -9,7 +9,8 @@ from builders import build_tokenizer
 from parity_helpers import NAMES, gated_failures, report, tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from proxy.parity.gate import RequestMode, check, first_diff, startup_self_check
+from proxy.core.probe import first_diff
+from proxy.parity.gate import RequestMode, check, startup_self_check
 from proxy.parity.paths import (
     BUILTIN_CONVERSATIONS,
     EXTRA_SPECIAL,
