@@ -47,6 +47,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     a("--dump-max", type=int, help="keep at most N dump files, oldest deleted first (default 100)")
     a("--upstream-timeout-seconds", type=float, help="max wait for the upstream's next bytes (default 600)")
+    a("--server-probe", choices=["auto", "off"],
+      help="compare the server's /tokenize with islwatch's ids on probe texts (default auto)")  # fmt: skip
+    a("--server-probe-interval-seconds", type=float, help="seconds between server probes (default 600)")
     a("--upstream-health-path", metavar="PATH",
       help="/readyz also requires GET upstream+PATH to answer 200 (e.g. /health; default: not checked)")  # fmt: skip
     a("--server-flavor", choices=list(FLAVORS),
@@ -61,7 +64,8 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         for key in (
             "upstream", "listen", "admin", "tokenizer", "chat_template", "trust_remote_code", "max_body_bytes",
             "analysis_workers", "analysis_queue", "analysis_mode", "inject_stream_usage", "dump_mismatches",
-            "dump_max", "upstream_timeout_seconds", "server_flavor", "upstream_health_path",
+            "dump_max", "upstream_timeout_seconds", "server_flavor", "upstream_health_path", "server_probe",
+            "server_probe_interval_seconds",
         )
     }  # fmt: skip
     if getattr(args, "model_tokenizer", None):

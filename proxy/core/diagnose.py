@@ -48,6 +48,8 @@ GENERATION_PROMPT_MISMATCH = "generation_prompt_mismatch"
 TOOLS_UNMODELED = "tools_unmodeled"
 MEDIA = "media"
 UNKNOWN = "unknown"
+# Not from arithmetic: the server parity probe (core/probe.py) found the server tokenizing differently.
+SERVER_TOKENIZER_DIFFERS = "server_tokenizer_differs"
 CAUSES = (
     EXACT,
     DUPLICATE_BOS,
@@ -56,6 +58,7 @@ CAUSES = (
     GENERATION_PROMPT_MISMATCH,
     TOOLS_UNMODELED,
     MEDIA,
+    SERVER_TOKENIZER_DIFFERS,
     UNKNOWN,
 )
 
@@ -185,3 +188,10 @@ def classify(result: CountResult, server_tokens: int, profile: DriftProfile) -> 
         return _classify(result, server_tokens, profile)
     except Exception:  # the one boundary that must never fail: a malformed result is simply unexplained
         return UNKNOWN
+
+
+def with_server_parity(cause: str, server_parity_ok: bool | None) -> str:
+    """Drift on a model whose server tokenizes the probe texts differently is explained by that (the probe
+    runs in the proxy, outside the per-request analysis): every token of the prompt may count differently,
+    so an arithmetic signature (+1, a system-prompt-sized offset) would be a coincidence. Exact stays exact."""
+    return SERVER_TOKENIZER_DIFFERS if cause != EXACT and server_parity_ok is False else cause

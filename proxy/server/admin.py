@@ -17,6 +17,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 
 from proxy.server.metrics import Metrics
 from proxy.server.pool import AnalysisPool
+from proxy.server.server_probe import ServerProbe
 
 log = logging.getLogger("islwatch.proxy")
 
@@ -25,12 +26,22 @@ POOL = web.AppKey("pool", AnalysisPool)
 RELOAD_LOCK = web.AppKey("reload_lock", asyncio.Lock)
 UPSTREAM_HEALTH = web.AppKey("upstream_health", str)  # the upstream's health URL; absent: not checked
 HEALTH_SESSION = web.AppKey("health_session", aiohttp.ClientSession)
+METRICS = web.AppKey("metrics", Metrics)
+PROBE = web.AppKey("probe", ServerProbe)
 HEALTH_TIMEOUT_SECONDS = 2.0  # below the kubelet's default probe timeout budget (periodSeconds 5)
 
 
-def build_admin(pool: AnalysisPool, metrics: Metrics, upstream_health: str | None = None) -> web.Application:
+def build_admin(
+    pool: AnalysisPool,
+    metrics: Metrics,
+    upstream_health: str | None = None,
+    probe: ServerProbe | None = None,
+) -> web.Application:
     admin = web.Application()
     admin[POOL] = pool
+    admin[METRICS] = metrics
+    if probe is not None:
+        admin[PROBE] = probe
     admin[RELOAD_LOCK] = asyncio.Lock()
     if upstream_health is not None:
         admin[UPSTREAM_HEALTH] = upstream_health
@@ -70,6 +81,11 @@ async def readyz(request: web.Request) -> web.Response:
     models = {r.label: ("error: " + r.error if r.error else "loaded") for r in pool.reports}
     upstream = await upstream_state(request.app)
     body: dict[str, object] = {"tokenizers": models}
+    if PROBE in request.app:  # the probe's verdict per model: information, never a reason to be unready
+        parity = request.app[METRICS].server_parity
+        body["server_parity"] = {
+            m: ("ok" if parity[m] else "differs") if m in parity else "unknown" for m in models
+        }
     if upstream is not None:
         body["upstream"] = upstream
     if pool.ready and upstream in (None, "ok"):

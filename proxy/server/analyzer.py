@@ -20,6 +20,7 @@ from proxy.core.count import INVALID_BODY, NO_TEMPLATE, CountResult, Encoder
 from proxy.core.diagnose import DriftProfile, build_profile, classify
 from proxy.core.fast import best_encoder
 from proxy.core.flavor import count_as, flavored_tokenizer
+from proxy.core.probe import our_ids, probes
 from proxy.core.tokenizer import LoadedTokenizer, TokenizerLoadError, load_tokenizer
 from proxy.core.usage import usage_from_json_bytes
 from proxy.parity.gate import startup_self_check
@@ -56,6 +57,7 @@ class AnalysisSpec:
 @dataclass(frozen=True)
 class _Entry:
     loaded: LoadedTokenizer
+    counting_tok: Any  # the tokenizer as the flavor's server runs it
     encoder: Encoder  # exact by construction: each shortcut is proven on this tokenizer at load
     profile: DriftProfile
 
@@ -90,7 +92,9 @@ class Analyzer:
                 state.errors[key] = str(exc)
                 continue
             counting_tok = flavored_tokenizer(loaded.tokenizer, spec.server_flavor)
-            state.entries[key] = _Entry(loaded, best_encoder(counting_tok), build_profile(counting_tok))
+            state.entries[key] = _Entry(
+                loaded, counting_tok, best_encoder(counting_tok), build_profile(counting_tok)
+            )
         return state
 
     def describe(self) -> list[TokenizerReport]:
@@ -102,8 +106,17 @@ class Analyzer:
                 continue
             entry = self.entries[key]
             check = startup_self_check(entry.loaded.tokenizer)
+            probe_set = probes(entry.counting_tok)
             reports.append(
-                TokenizerReport(key, _label(key), entry.loaded.identity.as_dict(), check.ok, check.summary)
+                TokenizerReport(
+                    key,
+                    _label(key),
+                    entry.loaded.identity.as_dict(),
+                    check.ok,
+                    check.summary,
+                    probes=[[p.name, p.text] for p in probe_set],
+                    probe_ids=our_ids(entry.counting_tok, probe_set),
+                )
             )
         return reports
 

@@ -28,6 +28,7 @@ from proxy.server.metrics import build_metrics
 from proxy.server.pool import AnalysisPool
 from proxy.server.problems import ProblemLog
 from proxy.server.records import DEFAULT_KEY
+from proxy.server.server_probe import ServerProbe
 
 log = logging.getLogger("islwatch.proxy")
 
@@ -59,6 +60,10 @@ def build_apps(
         workers=config.analysis_workers,
         queue_max=config.analysis_queue,
     )
+    probe = None
+    if config.server_probe == "auto":
+        probe = ServerProbe(config.upstream, config.server_probe_interval_seconds, metrics)
+        pool.on_loaded(probe.due.set)
     policy = Policy(
         models=frozenset(config.model_tokenizers),
         has_default_tokenizer=config.default_tokenizer is not None,
@@ -86,9 +91,13 @@ def build_apps(
 
     async def analysis_pool(app: web.Application) -> AsyncIterator[None]:
         # Loading tokenizers takes seconds; traffic flows meanwhile and /readyz says when analysis is ready.
-        loading = asyncio.get_running_loop().create_task(_start_pool(pool))
+        loop = asyncio.get_running_loop()
+        loading = loop.create_task(_start_pool(pool))
+        probing = loop.create_task(probe.run(pool)) if probe is not None else None
         yield
-        loading.cancel()
+        for task in (loading, probing):
+            if task is not None:
+                task.cancel()
         await pool.close()
 
     traffic = web.Application(client_max_size=config.max_body_bytes)
@@ -98,7 +107,7 @@ def build_apps(
     traffic.router.add_route("*", "/{tail:.*}", handle)
 
     health = config.upstream + config.upstream_health_path if config.upstream_health_path else None
-    return traffic, build_admin(pool, metrics, health)
+    return traffic, build_admin(pool, metrics, health, probe)
 
 
 async def _start_pool(pool: AnalysisPool) -> None:

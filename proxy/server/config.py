@@ -57,6 +57,10 @@ class ProxyConfig(BaseModel):
     # When set, /readyz is 200 only while GET upstream + this path answers 200 too (vLLM and llama-server:
     # /health), so a server bound to loopback inside the pod is probed through islwatch's admin port.
     upstream_health_path: str | None = None
+    # Ask the server's /tokenize how it tokenizes fixed probe texts (proxy/server/server_probe.py): at start,
+    # after every reload and every interval. `auto` probes where /tokenize answers; `off` never sends one.
+    server_probe: Literal["auto", "off"] = "auto"
+    server_probe_interval_seconds: float = Field(default=600.0, gt=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
 
     @field_validator("upstream")

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from proxy.core.diagnose import with_server_parity
 from proxy.server.problems import ProblemLog
 from proxy.server.records import AnalysisOutcome, TokenizerReport
 
@@ -70,6 +71,7 @@ class Metrics:
     tokenizer_info: Gauge
     tokenizer_changes: Counter
     parity_ok: Gauge
+    server_parity_ok: Gauge
     build_info: Gauge
     registry: CollectorRegistry
     # Labelled children by (metric, *label values): `.labels()` validates and locks on every call, and the
@@ -78,6 +80,8 @@ class Metrics:
     # Per tokenizer key: the identity last loaded and the info series' labels (a reload replaces them).
     _identities: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False, compare=False)
     _info_labels: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False, compare=False)
+    # Per model label: the server parity probe's verdict (absent: not probed, or the server has no /tokenize).
+    server_parity: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
 
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)` (positional, in declaration order), cached. Never for removable series."""
@@ -138,7 +142,8 @@ class Metrics:
         if o.server is not None and o.expected is not None:
             child(self.drift_tokens, model, endpoint).observe(o.server - o.expected)
         if o.cause:
-            child(self.drift, model, endpoint, o.cause).inc()
+            cause = with_server_parity(o.cause, self.server_parity.get(model))
+            child(self.drift, model, endpoint, cause).inc()
         if o.duplicate_bos_risk:
             child(self.duplicate_bos_risk, model, endpoint).inc()
 
@@ -159,6 +164,15 @@ class Metrics:
                 (r.identity["template_sha256"] or "none")[:12],
                 r.parity_summary,
             )
+
+    def server_probed(self, label: str, ok: bool | None) -> None:
+        """The server parity probe's verdict for a model; None (unknown) removes the series."""
+        if ok is None:
+            if self.server_parity.pop(label, None) is not None:
+                self.server_parity_ok.remove(label)
+            return
+        self.server_parity[label] = ok
+        self.server_parity_ok.labels(model=label).set(1 if ok else 0)
 
     def _identity(self, key: str, label: str, ident: dict[str, Any]) -> None:
         labels = (
@@ -262,6 +276,12 @@ def build_metrics(registry: CollectorRegistry, process_metrics: bool = True) -> 
         parity_ok=Gauge(
             "islwatch_parity_ok",
             "Startup serialization self-check passed (1) or failed (0)",
+            ["model"],
+            registry=r,
+        ),
+        server_parity_ok=Gauge(
+            "islwatch_server_parity_ok",
+            "The server's /tokenize gave islwatch's ids for every probe text (1) or not (0); absent: unknown",
             ["model"],
             registry=r,
         ),

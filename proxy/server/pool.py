@@ -11,6 +11,7 @@ a reload starts a new generation and swaps it in only when every tokenizer loade
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from proxy.server.analyzer import AnalysisSpec
@@ -54,6 +55,7 @@ class AnalysisPool:
         self._backend: Backend | None = None  # the generation receiving jobs
         self._retired: list[Backend] = []  # older generations finishing their queue
         self._problems = ProblemLog(log)
+        self._on_loaded: list[Callable[[], None]] = []
         # Read at scrape time: no gauge update on the request path.
         metrics.analysis_queue_depth.set_function(lambda: self.in_flight)
 
@@ -107,10 +109,16 @@ class AnalysisPool:
             return Threads(self.spec, self.workers, self.finished, self._failed)
         return Processes(self.spec.to_json(), self.workers, self.finished, self._lost, self._exited)
 
+    def on_loaded(self, callback: Callable[[], None]) -> None:
+        """Call `callback` after every load that swapped tokenizers in (start and each successful reload)."""
+        self._on_loaded.append(callback)
+
     def _loaded(self, reports: list[TokenizerReport]) -> None:
         self.metrics.tokenizers_loaded(reports)
         self.reports = reports
         self.ready = all(not r.error for r in reports)
+        for callback in self._on_loaded:
+            callback()
 
     # ---- the request path ---------------------------------------------------------------------------------
 

@@ -77,9 +77,13 @@ class TokenizerReport:
     parity_ok: bool | None  # None: not checked (reports of workers that did not run the self-check)
     parity_summary: str
     error: str | None = None
+    # The server parity probe (core/probe.py): [name, text] pairs and islwatch's ids for each text.
+    probes: list[list[str]] | None = None
+    probe_ids: list[list[int]] | None = None
 
     def as_row(self) -> list[Any]:
-        return [self.key, self.label, self.identity, self.parity_ok, self.parity_summary, self.error]
+        return [self.key, self.label, self.identity, self.parity_ok, self.parity_summary, self.error,
+                self.probes, self.probe_ids]  # fmt: skip
 
     @classmethod
     def from_row(cls, row: list[Any]) -> TokenizerReport:

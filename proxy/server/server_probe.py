@@ -11,11 +11,21 @@ never a failure. Only probe texts are ever sent: no request content.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
 import orjson
+
+from proxy.core.probe import Probe, compare, summary
+from proxy.server.metrics import Metrics
+from proxy.server.pool import AnalysisPool
+from proxy.server.records import TokenizerReport
+
+log = logging.getLogger("islwatch.probe")
 
 TIMEOUT_SECONDS = 10.0
 
@@ -45,10 +55,12 @@ def _tokens(raw: bytes) -> list[int] | None:
     return None
 
 
-async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> list[int] | None:
+async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any], text: str) -> list[int] | None:
     async with session.post(url, data=orjson.dumps(body), headers={"Content-Type": "application/json"}) as r:
         raw = await r.read()
-    return _tokens(raw) if r.status == 200 else None
+    ids = _tokens(raw) if r.status == 200 else None
+    # llama-server answers a body without `content` with `{"tokens": []}`: not this shape's answer.
+    return None if ids is not None and not ids and text else ids
 
 
 async def server_ids(
@@ -58,10 +70,10 @@ async def server_ids(
     Transport errors propagate (the caller logs them: parity stays unknown until the next probe)."""
     url = base_url.rstrip("/") + "/tokenize"
     for shape, build in SHAPES.items():
-        first = await _one(session, url, build(model, texts[0]))
+        first = await _one(session, url, build(model, texts[0]), texts[0])
         if first is None:
             continue
-        rest = [await _one(session, url, build(model, t)) for t in texts[1:]]
+        rest = [await _one(session, url, build(model, t), t) for t in texts[1:]]
         if any(ids is None for ids in rest):
             return None  # answered once, then not: nothing to compare
         return shape, [first, *(ids for ids in rest if ids is not None)]
@@ -70,3 +82,53 @@ async def server_ids(
 
 def client_session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_SECONDS), trust_env=False)
+
+
+async def probe_reports(
+    session: aiohttp.ClientSession, base_url: str, reports: Sequence[TokenizerReport]
+) -> dict[str, tuple[bool | None, str]]:
+    """Per model label: (verdict, one content-free log line). None: the server has no /tokenize, or it
+    failed (unknown, never a failure)."""
+    out: dict[str, tuple[bool | None, str]] = {}
+    for r in reports:
+        if r.error or not r.probes or r.probe_ids is None:
+            continue
+        probe_set = [Probe(name, text) for name, text in r.probes]
+        try:
+            answer = await server_ids(session, base_url, r.key or None, [p.text for p in probe_set])
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            out[r.label] = (None, f"server parity unknown: /tokenize failed ({type(exc).__name__})")
+            continue
+        if answer is None:
+            out[r.label] = (None, "server parity unknown: the server has no usable /tokenize")
+            continue
+        shape, theirs = answer
+        results = compare(probe_set, r.probe_ids, theirs)
+        out[r.label] = (all(x.equal for x in results), f"{summary(results)} ({shape} /tokenize)")
+    return out
+
+
+class ServerProbe:
+    """Runs the probe when the pool (re)loads its tokenizers and every `interval` seconds after."""
+
+    def __init__(self, base_url: str, interval: float, metrics: Metrics) -> None:
+        self.base_url = base_url
+        self.interval = interval
+        self.metrics = metrics
+        self.due = asyncio.Event()  # set by the pool on every successful (re)load
+        self.runs = 0  # probe rounds finished (tests wait on it)
+
+    async def run(self, pool: AnalysisPool) -> None:
+        async with client_session() as session:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.due.wait(), self.interval)
+                self.due.clear()
+                if pool.ready:
+                    await self.once(session, pool.reports)
+
+    async def once(self, session: aiohttp.ClientSession, reports: Sequence[TokenizerReport]) -> None:
+        for label, (ok, line) in (await probe_reports(session, self.base_url, reports)).items():
+            self.metrics.server_probed(label, ok)
+            log.log(logging.WARNING if ok is False else logging.INFO, "model %s: %s", label, line)
+        self.runs += 1

@@ -263,3 +263,14 @@ def test_tools_request_on_a_template_without_tools() -> None:
     schema = '{"name": "get_weather", "parameters": {"type": "object"}}'
     server = n(tok, render(tok, [{"role": "system", "content": schema}, *BODY["messages"]]), special=False)
     assert d.classify(result, server, d.build_profile(tok)) == d.TOOLS_UNMODELED
+
+
+@pytest.mark.parametrize("cause", [d.UNKNOWN, d.HIDDEN_SYSTEM_PROMPT, d.DUPLICATE_BOS])
+def test_a_failed_server_probe_explains_drift(cause: str) -> None:
+    assert d.with_server_parity(cause, False) == d.SERVER_TOKENIZER_DIFFERS
+    assert d.with_server_parity(cause, True) == cause  # parity holds: the arithmetic stands
+    assert d.with_server_parity(cause, None) == cause  # unknown: no claim
+
+
+def test_exact_stays_exact_whatever_the_probe_says() -> None:
+    assert d.with_server_parity(d.EXACT, False) == d.EXACT

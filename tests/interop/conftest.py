@@ -24,6 +24,7 @@ from interop.llama_server_proc import (
     stop,
     wait_healthy,
 )
+from interop.proxy_proc import Proxy, running_proxy
 
 FAMILIES = list(GGUF)
 ROOT_CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
@@ -88,3 +89,26 @@ def _root_conftest(request: pytest.FixtureRequest) -> Any:
     if module is None:
         raise RuntimeError(f"{ROOT_CONFTEST} is not loaded")
     return module
+
+
+@pytest.fixture(scope="session")
+def llama_proxy(
+    request: pytest.FixtureRequest, llama_server: LlamaServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Proxy]:
+    tokenizer = str(request.getfixturevalue("family_tokenizer").name_or_path)
+    log_path = tmp_path_factory.mktemp("islwatch-proxy") / f"{llama_server.family}.log"
+    with running_proxy(llama_server.base_url, tokenizer, log_path) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_flavor_proxy(
+    request: pytest.FixtureRequest, llama_server: LlamaServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Proxy]:
+    """The same proxy told which server it watches: `--server-flavor llama.cpp`."""
+    tokenizer = str(request.getfixturevalue("family_tokenizer").name_or_path)
+    log_path = tmp_path_factory.mktemp("islwatch-proxy-cpp") / f"{llama_server.family}.log"
+    with running_proxy(
+        llama_server.base_url, tokenizer, log_path, extra_args=("--server-flavor", "llama.cpp")
+    ) as proxy:
+        yield proxy

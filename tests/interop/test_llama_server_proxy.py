@@ -13,7 +13,6 @@ import re
 import subprocess
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,29 +32,6 @@ from interop.test_llama_server import create, request_body
 from tests.eventually import eventually
 
 pytestmark = pytest.mark.llama_server
-
-
-@pytest.fixture(scope="session")
-def llama_proxy(
-    request: pytest.FixtureRequest, llama_server: LlamaServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Proxy]:
-    tokenizer = str(request.getfixturevalue("family_tokenizer").name_or_path)
-    log_path = tmp_path_factory.mktemp("islwatch-proxy") / f"{llama_server.family}.log"
-    with running_proxy(llama_server.base_url, tokenizer, log_path) as proxy:
-        yield proxy
-
-
-@pytest.fixture(scope="session")
-def llama_cpp_flavor_proxy(
-    request: pytest.FixtureRequest, llama_server: LlamaServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Proxy]:
-    """The same proxy told which server it watches: `--server-flavor llama.cpp`."""
-    tokenizer = str(request.getfixturevalue("family_tokenizer").name_or_path)
-    log_path = tmp_path_factory.mktemp("islwatch-proxy-cpp") / f"{llama_server.family}.log"
-    with running_proxy(
-        llama_server.base_url, tokenizer, log_path, extra_args=("--server-flavor", "llama.cpp")
-    ) as proxy:
-        yield proxy
 
 
 @pytest.fixture(scope="session")
