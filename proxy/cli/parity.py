@@ -4,6 +4,10 @@ Exit codes: 0 when the serving path equals the direct path for every conversatio
 history) and the baseline, if given, is unchanged; 1 with a token diff or the list of changes otherwise;
 2 for usage errors (contradictory flags, unreadable files, a tokenizer that does not load).
 
+With `--server URL` the gate runs the server parity probes instead (proxy/parity/server.py): 0 when the
+server's `/tokenize` gives islwatch's ids for every probe, 1 when any differs, 2 for usage errors and
+when parity is unknown (the server has no usable `/tokenize`, or cannot be reached): never a pass.
+
 Only light modules are imported at module level, so `islwatch parity --help` loads no transformers, rich or
 pydantic; `run` imports what the gate needs.
 """
@@ -61,6 +65,16 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--baseline", help="compare against this baseline file; any change fails")
     p.add_argument("--write-baseline", help="write a baseline file (only when the gate passes)")
+    p.add_argument(
+        "--server",
+        metavar="URL",
+        help="instead of the serialization gate, run the server parity probes: compare islwatch's ids with "
+        "the server's POST /tokenize (vLLM or llama.cpp; the server's root URL, e.g. http://vllm:8000)",
+    )
+    p.add_argument(
+        "--model",
+        help="with --server: the served model name, sent as vLLM's `model` field (default: omitted)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON report instead of tables")
 
 
@@ -124,7 +138,53 @@ def _load_baseline(path: str) -> Baseline:
         raise UsageError(f"{path} is not an islwatch parity baseline: {str(exc).splitlines()[0]}") from exc
 
 
+def _server_conflicts(args: argparse.Namespace) -> list[str]:
+    """The gate's own flags, which mean nothing to the server probes."""
+    given = [
+        ("--messages", args.messages is not None),
+        ("--baseline", args.baseline is not None),
+        ("--write-baseline", args.write_baseline is not None),
+        ("--continue-final-message", args.continue_final_message),
+        ("--generation-prompt/--no-generation-prompt", args.generation_prompt is not None),
+        ("--serving-path", args.serving_path != SPLIT),
+    ]
+    return [flag for flag, on in given if on]
+
+
+def _run_server(args: argparse.Namespace, console: Console) -> int:
+    from proxy.core.tokenizer import TokenizerLoadError, load_tokenizer
+    from proxy.parity.render import print_server_text
+    from proxy.parity.report import dumps, server_report_json
+    from proxy.parity.server import UNKNOWN, check_url, run_probe
+
+    conflicts = _server_conflicts(args)
+    if conflicts:
+        raise UsageError(
+            f"--server runs the server parity probes only; {', '.join(conflicts)} belong to the "
+            "serialization gate (run it separately)"
+        )
+    bad_url = check_url(args.server)
+    if bad_url is not None:
+        raise UsageError(bad_url)
+    try:
+        loaded = load_tokenizer(args.tokenizer, args.revision, args.chat_template, args.trust_remote_code)
+    except TokenizerLoadError as exc:
+        raise UsageError(str(exc)) from exc
+    parity = run_probe(loaded.tokenizer, args.server, args.model)
+    if args.json:
+        sys.stdout.write(dumps(server_report_json(loaded.identity.as_dict(), parity)))
+    else:
+        print_server_text(console, loaded, parity)
+    if parity.verdict == UNKNOWN:
+        print(f"{PROG}: {parity.summary()}", file=sys.stderr)
+    return parity.exit_code
+
+
 def _run(args: argparse.Namespace, console: Console) -> int:
+    if args.server is not None:
+        return _run_server(args, console)
+    if args.model is not None:
+        raise UsageError("--model is only used with --server")
     from proxy.core.tokenizer import TokenizerLoadError, load_tokenizer
     from proxy.core.tokens import template_of
     from proxy.parity import baseline as bl

@@ -1,5 +1,6 @@
 """The text output of `islwatch parity`: one rich table per conversation, then the failure lines (a few ids
-and token strings around each first difference), the baseline changes and the verdict."""
+and token strings around each first difference), the baseline changes and the verdict. With `--server`:
+one table of the server parity probes, the token diffs of those that differ, and the verdict."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from proxy.core.tokenizer import LoadedTokenizer
 from proxy.parity.baseline import Change
 from proxy.parity.gate import ConversationParity, ParityReport
 from proxy.parity.paths import DIRECT
+from proxy.parity.server import FAIL, PASS, ServerParity
 
 COLUMNS = ("path", "vs", "tokens", "equal", "first diff", "special positions", "dup BOS", "role", "note")
 
@@ -118,3 +120,81 @@ def print_text(
     if written:
         console.print(f"baseline written to {written}", markup=False)
     console.print(f"parity {'PASS' if passed else 'FAIL'}", markup=False)
+
+
+# --------------------------------------------------------------------------- `islwatch parity --server`
+
+SERVER_COLUMNS = ("probe", "ours", "theirs", "equal", "first diff")
+
+
+def server_table(parity: ServerParity) -> Table:
+    """One row per probe: token counts on both sides, whether the ids are equal, the first differing position."""
+    title = f"server parity probes: {parity.verdict.upper()}"
+    out = Table(title=title, title_justify="left")
+    for col in SERVER_COLUMNS:
+        out.add_column(col, overflow="fold")
+    for row in parity.rows:
+        r = row.result
+        out.add_row(
+            row.name,
+            str(len(row.ours)),
+            "-" if row.theirs is None else str(len(row.theirs)),
+            "-" if r is None else _yes_no(r.equal),
+            "-" if r is None else _dash(r.first_diff),
+        )
+    return out
+
+
+def _tokens(tok: Any, ids: list[int]) -> list[str | None]:
+    """Token strings of ids in islwatch's vocabulary (the server's ids may lie outside it)."""
+    try:
+        return list(tok.convert_ids_to_tokens(ids))
+    except Exception:  # an id the vocabulary does not have
+        return [None] * len(ids)
+
+
+def server_diff(
+    tok: Any, ours: tuple[int, ...], theirs: tuple[int, ...], at: int, width: int = 3
+) -> list[str]:
+    """A few ids on both sides of the first difference, with their token strings in islwatch's vocabulary."""
+    lo = max(at - width, 0)
+
+    def side(seq: tuple[int, ...]) -> str:
+        window = list(seq[lo : at + width + 1])
+        return f"[{lo}:{lo + len(window)}] ids {window} tokens {_tokens(tok, window)}"
+
+    return [f"    islwatch {side(ours)}", f"    server   {side(theirs)}"]
+
+
+def server_failures(tok: Any, parity: ServerParity) -> list[str]:
+    lines: list[str] = []
+    for row in parity.rows:
+        r = row.result
+        if r is None or r.equal or row.theirs is None:
+            continue
+        lines.append(f"{row.name} differs at position {r.first_diff} ({r.ours} vs {r.theirs} tokens)")
+        if r.first_diff is not None:
+            lines.extend(server_diff(tok, row.ours, row.theirs, r.first_diff))
+    return lines
+
+
+def _server_header(loaded: LoadedTokenizer, parity: ServerParity) -> str:
+    ident = loaded.identity
+    return (
+        f"tokenizer {ident.name} (revision {ident.revision or '-'}, class {ident.tokenizer_class}, "
+        f"transformers {ident.transformers_version}, tokenizers {ident.tokenizers_version}); "
+        f"server {parity.url} (model {parity.model or '-'}, /tokenize shape {parity.shape or '-'})"
+    )
+
+
+def print_server_text(console: Console, loaded: LoadedTokenizer, parity: ServerParity) -> None:
+    def line(text: str) -> None:  # one line each, never wrapped: greppable
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    line(_server_header(loaded, parity))
+    console.print(server_table(parity))
+    for text in server_failures(loaded.tokenizer, parity):
+        line(text)
+    line(parity.summary())
+    verdict = {PASS: "PASS", FAIL: "FAIL"}.get(parity.verdict, f"UNKNOWN ({parity.reason})")
+    line(f"server parity {verdict}")

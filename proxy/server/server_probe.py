@@ -96,7 +96,7 @@ async def probe_reports(
         probe_set = [Probe(name, text) for name, text in r.probes]
         try:
             answer = await server_ids(session, base_url, r.key or None, [p.text for p in probe_set])
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except Exception as exc:  # the probe must never stop the proxy; parity stays unknown, logged
             out[r.label] = (None, f"server parity unknown: /tokenize failed ({type(exc).__name__})")
             continue
         if answer is None:

@@ -55,6 +55,8 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     ),
     "islwatch_tokenizer_changes_total": frozenset({"model"}),
     "islwatch_parity_ok": frozenset({"model"}),
+    # The server parity probe (proxy/core/probe.py): 1 every probe equal, 0 some differ, absent while unknown.
+    "islwatch_server_parity_ok": frozenset({"model"}),
     "islwatch_build_info": frozenset({"version"}),
 }
 HISTOGRAMS = frozenset({"islwatch_isl_tokens", "islwatch_isl_drift_tokens", "islwatch_analysis_seconds"})

@@ -22,8 +22,9 @@ from opslib import (
 )
 
 # The issue's list: token drift, duplicate BOS, tokenizer or template changed, analysis dropping,
-# upstream error ratio, proxy down.
+# upstream error ratio, proxy down; the server parity probe's issue: the server's tokenizer differs.
 REQUIRED = {
+    "IslwatchServerTokenizerDiffers",
     "IslwatchTokenDrift",
     "IslwatchDuplicateBOS",
     "IslwatchTokenizerChanged",
@@ -42,6 +43,12 @@ def rule_id(rule: dict[str, Any]) -> str:
 def test_required_alerts_present() -> None:
     assert set(NAMES) >= REQUIRED
     assert len(NAMES) == len(set(NAMES))
+
+
+def test_server_tokenizer_differs_waits_five_minutes_at_zero() -> None:
+    (rule,) = [r for r in RULES if r["alert"] == "IslwatchServerTokenizerDiffers"]
+    assert rule["for"] == "5m" and rule["labels"]["severity"] == "warning"
+    assert "islwatch_server_parity_ok" in rule["expr"] and rule["expr"].strip().endswith("== 0")
 
 
 def test_token_drift_threshold_holds_for_ten_minutes() -> None:

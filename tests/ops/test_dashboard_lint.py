@@ -223,6 +223,7 @@ def panel_using(dash: dict[str, Any], metric: str, kind: str | None = None) -> l
         ("islwatch_requests_total", "timeseries"),  # requests by status
         ("islwatch_upstream_errors_total", "timeseries"),
         ("islwatch_tokenizer_info", "table"),
+        ("islwatch_server_parity_ok", "state-timeline"),  # server tokenizer parity
     ],
 )
 def test_issue_panels_present(dash: dict[str, Any], metric: str, kind: str) -> None:
@@ -248,6 +249,26 @@ def test_drift_percentiles(dash: dict[str, Any]) -> None:
         for m in re.findall(r"histogram_quantile\(([0-9.]+)", t["expr"])
     }
     assert {0.5, 0.95} <= quantiles
+
+
+def test_drift_causes_panel_shows_every_cause(dash: dict[str, Any]) -> None:
+    """Split by cause and filtering out only `exact`: a new cause (server_tokenizer_differs) shows by itself."""
+    (panel,) = [p for p in data_panels(dash) if p["title"] == "Drift causes"]
+    (target,) = panel["targets"]
+    assert re.search(r"by \(model, cause\)", target["expr"])
+    assert re.findall(r"cause\s*(=~|!=|!~|=)\s*\"([^\"]*)\"", target["expr"]) == [("!=", "exact")]
+
+
+def test_server_parity_panel(dash: dict[str, Any]) -> None:
+    """Per model: 1 equal, 0 differs, and unknown (no series: no /tokenize) shown as such, never as equal."""
+    (panel,) = [p for p in data_panels(dash) if p["title"] == "Server tokenizer parity"]
+    (target,) = panel["targets"]
+    assert re.search(r"by \(model\) \(islwatch_server_parity_ok\{", target["expr"])
+    (mapping,) = panel["fieldConfig"]["defaults"]["mappings"]
+    texts = {value: m["text"] for value, m in mapping["options"].items()}
+    assert texts == {"1": "equal", "0": "differs", "-1": "unknown"}
+    # unknown models come from the tokenizer info series, at -1
+    assert "or -1 * max by (model) (islwatch_tokenizer_info{" in target["expr"]
 
 
 def test_tokenizer_identity_table(dash: dict[str, Any]) -> None:

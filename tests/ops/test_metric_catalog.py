@@ -32,6 +32,7 @@ def populated() -> Metrics:
     metrics.analysed(outcome, ProblemLog(logging.getLogger("test_metric_catalog")))
     metrics.dropped()
     metrics.worker_exited()
+    metrics.server_probed("m", True)
     metrics.tokenizers_loaded([TokenizerReport("", "m", IDENTITY, parity_ok=True, parity_summary="ok")])
     return metrics
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from vllm_proc import (
     FAMILIES,
+    PROBE_FAMILIES,
     VllmServer,
     VllmUnavailable,
     find_python,
@@ -44,12 +45,12 @@ def vllm_servers(
     vllm_python: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, VllmServer]]:
     """One chat server per family and one embedding server, all starting at once."""
-    missing = [f for f in FAMILIES if not (SHARED_TOKENIZERS / f).is_dir()]
+    missing = [f for f in (*FAMILIES, *PROBE_FAMILIES) if not (SHARED_TOKENIZERS / f).is_dir()]
     if missing:
         pytest.skip(f"shared tokenizers not present in {SHARED_TOKENIZERS}: {missing}")
     version = vllm_version(vllm_python)
     logs = tmp_path_factory.mktemp("vllm")
-    wanted = [(f, False) for f in FAMILIES] + [(EMBED_FAMILY, True)]
+    wanted = [(f, False) for f in (*FAMILIES, *PROBE_FAMILIES)] + [(EMBED_FAMILY, True)]
     servers: dict[str, VllmServer] = {}
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:

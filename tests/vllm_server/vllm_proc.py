@@ -28,6 +28,10 @@ FAMILIES = {
     "qwen2.5-instruct": ("qwen2", "hermes"),
     "llama-3-8b-instruct": ("llama", "pythonic"),
 }
+# Served for the server parity probe only: vLLM's transformers (5.19) loads this folder as LlamaTokenizer,
+# islwatch's (5.24) as TokenizersBackend, and they encode differently (tests/vllm_server/test_vllm_probe.py).
+PROBE_FAMILIES = {"deepseek-v3": ("llama", None)}
+ARCHS = {**FAMILIES, **PROBE_FAMILIES}
 # A guard against a hung server, not a timing assertion: vLLM's imports take 70-105 s on 2 cores.
 START_DEADLINE_SECONDS = 600.0
 
@@ -80,11 +84,11 @@ def vllm_version(python: str) -> str:
 
 def tiny_model(python: str, tokenizer_dir: Path, family: str) -> Path:
     """The tiny model for a family, built once (keyed by the tokenizer files' content)."""
-    arch, _ = FAMILIES[family]
+    arch, _ = ARCHS[family]
     digest = hashlib.sha256()
     for f in sorted(tokenizer_dir.iterdir()):
         digest.update(f.name.encode() + b"\0" + f.read_bytes())
-    out = Path(python).resolve().parents[1] / "tiny-models" / f"{family}-{digest.hexdigest()[:12]}"
+    out = Path(python).parents[1] / "tiny-models" / f"{family}-{digest.hexdigest()[:12]}"  # the venv
     subprocess.run([python, str(BUILD_MODEL), str(tokenizer_dir), str(out), arch], check=True)
     return out
 
@@ -99,10 +103,11 @@ def launch(python: str, server: VllmServer) -> subprocess.Popen[bytes]:
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", server.model]
     cmd += ["--host", "127.0.0.1", "--port", str(server.port), "--enforce-eager", "--dtype", "float32"]
     cmd += ["--max-model-len", "4096", "--disable-log-stats"]
+    parser = ARCHS[server.family][1]
     if server.embedding:
         cmd += ["--convert", "embed"]
-    else:
-        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", FAMILIES[server.family][1]]
+    elif parser is not None:
+        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("PYTHONPATH", None)  # the venv's own packages only
     log = open(server.log_path, "wb")  # noqa: SIM115 - the child owns the handle for its lifetime

@@ -1,0 +1,61 @@
+"""The server parity probe against real vLLM servers' /tokenize: Qwen2.5 and Llama-3 tokenize as islwatch
+does; DeepSeek-V3's folder loads as another tokenizer class under vLLM's transformers, so its probe fails
+and that family's drift is named `server_tokenizer_differs` instead of `unknown`."""
+
+from __future__ import annotations
+
+import urllib.request
+from typing import Any
+
+import pytest
+from test_vllm_direct import request
+from vllm_proc import VllmServer, post_raw
+from vllm_shapes import CHAT
+
+from tests.eventually import eventually
+from tests.server.helpers import parse_metrics, value
+
+pytestmark = pytest.mark.vllm
+DEEPSEEK = "deepseek-v3"
+SINGLE_TURN = next(s for s in CHAT if s.name == "single_turn")
+
+
+def metrics(admin_url: str) -> dict[Any, float]:
+    with urllib.request.urlopen(admin_url + "/metrics", timeout=30) as r:
+        return parse_metrics(r.read().decode())
+
+
+def parity(admin_url: str, model: str) -> float:
+    samples = eventually(
+        lambda: metrics(admin_url),
+        until=lambda m: ("islwatch_server_parity_ok", frozenset({("model", model)})) in m,
+        what=f"the server parity verdict for {model}",
+    )
+    return value(samples, "islwatch_server_parity_ok", model=model)
+
+
+def test_families_islwatch_tokenizes_alike_pass(vllm: VllmServer, proxied: tuple[str, str]) -> None:
+    assert parity(proxied[1], vllm.model) == 1
+
+
+def test_a_differing_server_tokenizer_is_found_and_named(
+    vllm_servers: dict[str, VllmServer], proxies: dict[str, tuple[str, str]]
+) -> None:
+    server = vllm_servers[DEEPSEEK]
+    url, admin_url = proxies[DEEPSEEK]
+    assert parity(admin_url, server.model) == 0
+    before = metrics(admin_url)
+    status, raw = post_raw(url, "/v1/chat/completions", request(SINGLE_TURN, server))
+    assert status == 200, raw[:300]
+    after = eventually(
+        lambda: metrics(admin_url),
+        until=lambda m: value(m, "islwatch_drift_total") > value(before, "islwatch_drift_total"),
+        what="the request's drift cause",
+    )
+    assert value(after, "islwatch_isl_match_total", result="mismatch") == 1 + value(
+        before, "islwatch_isl_match_total", result="mismatch"
+    )
+    differs = "islwatch_drift_total"
+    assert value(after, differs, cause="server_tokenizer_differs") == 1 + value(
+        before, differs, cause="server_tokenizer_differs"
+    )
