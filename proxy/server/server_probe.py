@@ -55,12 +55,10 @@ def _tokens(raw: bytes) -> list[int] | None:
     return None
 
 
-async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any], text: str) -> list[int] | None:
+async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> list[int] | None:
     async with session.post(url, data=orjson.dumps(body), headers={"Content-Type": "application/json"}) as r:
         raw = await r.read()
-    ids = _tokens(raw) if r.status == 200 else None
-    # llama-server answers a body without `content` with `{"tokens": []}`: not this shape's answer.
-    return None if ids is not None and not ids and text else ids
+    return _tokens(raw) if r.status == 200 else None
 
 
 async def server_ids(
@@ -70,10 +68,13 @@ async def server_ids(
     Transport errors propagate (the caller logs them: parity stays unknown until the next probe)."""
     url = base_url.rstrip("/") + "/tokenize"
     for shape, build in SHAPES.items():
-        first = await _one(session, url, build(model, texts[0]), texts[0])
-        if first is None:
+        first = await _one(session, url, build(model, texts[0]))
+        # llama-server answers a body without `content` with `{"tokens": []}`: the first probe text is a
+        # sentence, so an empty answer means the shape is not this server's. (Later texts may really
+        # tokenize to nothing on the server: vLLM 0.32's DeepSeek-V3 tokenizer drops emoji.)
+        if not first:
             continue
-        rest = [await _one(session, url, build(model, t), t) for t in texts[1:]]
+        rest = [await _one(session, url, build(model, t)) for t in texts[1:]]
         if any(ids is None for ids in rest):
             return None  # answered once, then not: nothing to compare
         return shape, [first, *(ids for ids in rest if ids is not None)]
