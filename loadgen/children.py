@@ -1,4 +1,5 @@
-"""The demo's child processes: free ports, spawning `islwatch <command>`, waiting for ready, stopping.
+"""The demo's child processes: free ports, spawning `islwatch <command>` (one scene's emulator and proxy),
+waiting for ready, stopping.
 
 Standard library only. The children die with the demo if it is killed outright (PR_SET_PDEATHSIG, Linux).
 """
@@ -12,7 +13,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from contextlib import suppress
+from contextlib import ExitStack, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 READY_TIMEOUT_S = 180.0  # a first run converts the built-in vocabulary once
@@ -85,3 +87,64 @@ def wait_ready(url: str, procs: Children) -> None:
             pass
         time.sleep(0.2)
     raise RuntimeError(f"not ready after {READY_TIMEOUT_S:.0f} s: {url}")
+
+
+@dataclass(frozen=True)
+class Addresses:
+    """Where one emulator and the proxy in front of it listen."""
+
+    host: str
+    port: int
+    admin_host: str
+    admin_port: int
+    emu_port: int
+
+    @classmethod
+    def choose(cls, listen: str, admin: str) -> Addresses:
+        """The wanted addresses, or free ports on the same hosts where the wanted ones are taken."""
+        host, want = address(listen)
+        admin_host, admin_want = address(admin)
+        port = free_port(host, want)
+        admin_port = free_port(admin_host, admin_want)
+        return cls(host, port, admin_host, admin_port, free_port("127.0.0.1", 0))
+
+    @property
+    def emu_url(self) -> str:
+        return f"http://127.0.0.1:{self.emu_port}"
+
+    @property
+    def proxy_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def admin(self) -> str:
+        return f"{self.admin_host}:{self.admin_port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.admin}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.admin_url}/metrics"
+
+
+def spawn_stack(stack: ExitStack, at: Addresses, logs: Path, emulator: tuple[str, ...] = ()) -> Children:
+    """The emulator (with `emulator` flags) and the proxy in front of it, started, not waited for;
+    `stack` stops the proxy first, then its upstream."""
+    emu = spawn(
+        ["emulate", "--listen", f"127.0.0.1:{at.emu_port}", "--wall-clock", *emulator], logs / "emulate.log"
+    )
+    stack.callback(stop, emu)
+    proxy = spawn(
+        ["proxy", "--upstream", at.emu_url, "--listen", f"{at.host}:{at.port}", "--admin", at.admin],
+        logs / "proxy.log",
+    )
+    stack.callback(stop, proxy)
+    return {"emulator": (emu, logs / "emulate.log"), "proxy": (proxy, logs / "proxy.log")}
+
+
+def wait_stack(at: Addresses, children: Children) -> None:
+    """Until the emulator answers /health and the proxy /readyz (its tokenizer loaded)."""
+    wait_ready(f"{at.emu_url}/health", children)
+    wait_ready(f"{at.admin_url}/readyz", children)

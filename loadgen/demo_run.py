@@ -1,5 +1,10 @@
-"""The work behind `islwatch demo` (see loadgen/demo.py): start the emulator and the proxy, send the load
-through the proxy, print where to look, and stop both children on every way out."""
+"""The work behind `islwatch demo` (see loadgen/demo.py): for each scene, start the emulator (broken the way
+the scene says) and the proxy in front of it, send the load through the proxy, read the proxy's /metrics,
+run the parity gate, print the verdict; stop both children on every way out. Then the summary.
+
+The next scene's emulator and proxy boot while the current scene is judged and stopped (not while its load
+runs, so its latencies are its own): most of a scene is two interpreters starting.
+"""
 
 from __future__ import annotations
 
@@ -15,78 +20,91 @@ from pathlib import Path
 from rich.console import Console
 
 from proxy.core.specs import DEFAULT_TOKENIZER
-from proxy.core.tokenizer import load_tokenizer
+from proxy.core.tokenizer import LoadedTokenizer, load_tokenizer
 
-from .children import Children, address, free_port, spawn, stop, wait_ready
+from . import demo_render as render
+from . import scenemetrics
+from .children import Addresses, Children, address, spawn_stack, wait_stack
 from .config import LoadgenConfig
 from .launch import run_loadgen
 from .markers import CacheBust
+from .proxymetrics import Counts
+from .report import LoadgenReport
+from .scene_parity import parity_lines
+from .scenes import Scene, selected
+from .verdicts import SceneNumbers, surprise
 
 
 @dataclass(frozen=True)
-class Addresses:
-    host: str
-    port: int
-    admin_host: str
-    admin_port: int
-    emu_port: int
+class Demo:
+    """One run's fixed parts: the flags, where it prints, the loaded tokenizer, the logs folder."""
 
-    @classmethod
-    def choose(cls, listen: str, admin: str) -> Addresses:
-        """The wanted addresses, or free ports on the same hosts where the wanted ones are taken."""
-        host, want = address(listen)
-        admin_host, admin_want = address(admin)
-        port = free_port(host, want)
-        admin_port = free_port(admin_host, admin_want)
-        return cls(host, port, admin_host, admin_port, free_port("127.0.0.1", 0))
+    args: argparse.Namespace
+    console: Console
+    loaded: LoadedTokenizer
+    logs: Path
+    scenes: tuple[Scene, ...]
 
-    @property
-    def emu_url(self) -> str:
-        return f"http://127.0.0.1:{self.emu_port}"
 
-    @property
-    def proxy_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+@dataclass(frozen=True)
+class Booted:
+    """One scene's emulator and proxy, started; `stack` stops them."""
 
-    @property
-    def admin_url(self) -> str:
-        return f"http://{self.admin_host}:{self.admin_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"{self.admin_url}/metrics"
+    scene: Scene
+    at: Addresses
+    logs: Path
+    flags: tuple[str, ...]  # the emulator's
+    template: Path | None  # the template the server renders instead of islwatch's
+    children: Children
+    stack: ExitStack
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def start_children(stack: ExitStack, at: Addresses, logs: Path) -> Children:
-    """The emulator and the proxy in front of it, both ready; `stack` stops the proxy first, then its upstream."""
-    emu = spawn(["emulate", "--listen", f"127.0.0.1:{at.emu_port}", "--wall-clock"], logs / "emulate.log")
-    stack.callback(stop, emu)
-    proxy = spawn(
-        [
-            "proxy",
-            "--upstream",
-            at.emu_url,
-            "--listen",
-            f"{at.host}:{at.port}",
-            "--admin",
-            f"{at.admin_host}:{at.admin_port}",
-        ],
-        logs / "proxy.log",
-    )
-    stack.callback(stop, proxy)
-    children = {"emulator": (emu, logs / "emulate.log"), "proxy": (proxy, logs / "proxy.log")}
-    wait_ready(f"{at.emu_url}/health", children)
-    wait_ready(f"{at.admin_url}/readyz", children)
-    return children
+def emulator_flags(scene: Scene, logs: Path) -> tuple[tuple[str, ...], Path | None]:
+    """The emulator's flags for the scene, and the template file the server renders (if it is swapped)."""
+    flags = tuple(arg for f in scene.faults for arg in ("--fault", f))
+    if scene.server_template is None:
+        return flags, None
+    template = logs / "server-template.jinja"
+    template.write_text(scene.server_template)
+    return (*flags, "--chat-template", str(template)), template
 
 
-def demo_config(args: argparse.Namespace, at: Addresses) -> LoadgenConfig:
+def _addresses(args: argparse.Namespace, last: bool) -> Addresses:
+    """The last scene (the one --keep-running keeps) gets the wanted ports; earlier ones any free port."""
+    if last:
+        return Addresses.choose(args.listen, args.admin)
+    return Addresses.choose(f"{address(args.listen)[0]}:0", f"{address(args.admin)[0]}:0")
+
+
+def boot(demo: Demo, every: ExitStack, index: int) -> Booted | None:
+    """Start scene `index`'s children without waiting for them (None past the last scene); `every` stops
+    them if the demo ends before the scene does."""
+    if index >= len(demo.scenes):
+        return None
+    scene = demo.scenes[index]
+    logs = demo.logs / scene.name
+    logs.mkdir()
+    flags, template = emulator_flags(scene, logs)
+    at = _addresses(demo.args, last=index == len(demo.scenes) - 1)
+    stack = every.enter_context(ExitStack())
+    return Booted(scene, at, logs, flags, template, spawn_stack(stack, at, logs, flags), stack)
+
+
+def _per_scene(path: Path | None, scene: Scene, many: bool) -> Path | None:
+    """`--output r.json` names one scene's file; with several scenes, r-SCENE.json each."""
+    if path is None or not many:
+        return path
+    return path.with_name(f"{path.stem}-{scene.name}{path.suffix}")
+
+
+def demo_config(demo: Demo, b: Booted) -> LoadgenConfig:
+    args, many = demo.args, len(demo.scenes) > 1
     return LoadgenConfig(
-        url=at.proxy_url,
+        url=b.at.proxy_url,
         isl=args.isl,
         osl=args.osl,
         turns=args.turns,
@@ -94,15 +112,13 @@ def demo_config(args: argparse.Namespace, at: Addresses) -> LoadgenConfig:
         concurrency=args.concurrency,
         request_count=args.requests,
         streaming=True,
-        proxy_metrics_url=at.metrics_url,
-        output=args.output,
-        records=args.records,
+        proxy_metrics_url=b.at.metrics_url,
+        output=_per_scene(args.output, b.scene, many),
+        records=_per_scene(args.records, b.scene, many),
     )
 
 
-def serve_until_ctrl_c(console: Console, at: Addresses, procs: list[subprocess.Popen[bytes]]) -> int:
-    console.print(f"Try: curl -s {at.metrics_url} | grep islwatch_isl_match")
-    console.print(f"Send your own traffic through the proxy: {at.proxy_url}/v1/chat/completions")
+def serve_until_ctrl_c(console: Console, procs: list[subprocess.Popen[bytes]]) -> int:
     console.print("Serving until Ctrl-C.")
     while all(p.poll() is None for p in procs):
         time.sleep(0.5)
@@ -110,36 +126,76 @@ def serve_until_ctrl_c(console: Console, at: Addresses, procs: list[subprocess.P
     return 1
 
 
-def _demo(args: argparse.Namespace, console: Console, at: Addresses, logs: Path, stack: ExitStack) -> int:
-    children = start_children(stack, at, logs)
-    (emu, _), (proxy, _) = children["emulator"], children["proxy"]
-    console.print(
-        f"emulator (pid {emu.pid}) on {at.emu_url}; proxy (pid {proxy.pid}) on {at.proxy_url} -> emulator; "
-        f"logs in {logs}"
+def send(demo: Demo, b: Booted) -> tuple[int, LoadgenReport, Counts]:
+    """Wait for the scene's children, send its load: the loadgen's exit code, report, and the counts before."""
+    wait_stack(b.at, b.children)
+    server = " ".join(["islwatch emulate", *(Path(f).name if f.startswith("/") else f for f in b.flags)])
+    demo.console.print(
+        f"{server} on {b.at.emu_url}; islwatch proxy on {b.at.proxy_url}", markup=False, soft_wrap=True
     )
-    code, report = run_loadgen(demo_config(args, at), console)
+    before = scenemetrics.scrape(b.at.metrics_url)
+    shown = demo.console if b.scene.loadgen_report else Console(quiet=True)
+    code, report = run_loadgen(demo_config(demo, b), shown)
     if report is None:
-        return code
-    console.print(f"\nThe proxy's Prometheus metrics: [bold]{at.metrics_url}[/]")
-    if not args.keep_running:
-        console.print("Stopping the proxy and the emulator (`islwatch demo --keep-running` keeps them up).")
-        return code
-    return serve_until_ctrl_c(console, at, [emu, proxy])
+        raise RuntimeError(f"scene {b.scene.name}: the loadgen could not start (exit {code})")
+    return code, report, before
+
+
+def judge(demo: Demo, b: Booted, sent: int, before: Counts) -> tuple[SceneNumbers, str | None]:
+    """The proxy's /metrics once it has analysed every request, the parity gate, the verdict."""
+    delta = scenemetrics.settled(b.at.metrics_url, before, sent)
+    n = SceneNumbers.of(delta)
+    render.numbers(demo.console, delta, n)
+    render.lines(demo.console, parity_lines(b.scene, demo.loaded, b.template))
+    odd = surprise(b.scene.expect_cause, b.scene.expect_alerts, n)
+    render.scene_verdict(demo.console, n, odd)
+    return n, odd
+
+
+def _demo(demo: Demo) -> int:
+    codes: list[int] = []
+    rows: list[tuple[str, SceneNumbers]] = []
+    with ExitStack() as every:  # whatever still runs stops on any way out
+        upcoming = boot(demo, every, 0)
+        for i in range(len(demo.scenes)):
+            b = upcoming
+            assert b is not None
+            render.scene_header(demo.console, i + 1, len(demo.scenes), b.scene)
+            code, report, before = send(demo, b)
+            upcoming = boot(demo, every, i + 1)
+            n, odd = judge(demo, b, report.requests, before)
+            codes.append(code or (1 if odd else 0))
+            rows.append((b.scene.name, n))
+            if upcoming is None:
+                render.summary(demo.console, rows)
+                if demo.args.keep_running:
+                    render.where_to_look(
+                        demo.console, b.at.proxy_url, b.at.metrics_url, b.at.admin, demo.logs
+                    )
+                    return serve_until_ctrl_c(demo.console, [p for p, _ in b.children.values()])
+            b.stack.close()
+    demo.console.print("Stopped every scene's proxy and emulator (`--keep-running` keeps the last).")
+    return max(codes)
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    console = Console()
+    console = render.console()
     signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM stops the demo like Ctrl-C: children first
     console.print(f"islwatch demo: loading {DEFAULT_TOKENIZER} (offline, from mistral-common)")
-    load_tokenizer(DEFAULT_TOKENIZER)  # converts the vocabulary once, before two children race to do it
-    at = Addresses.choose(args.listen, args.admin)
+    # Converts the vocabulary once, before the children race to do it; the parity gate reuses it.
+    loaded = load_tokenizer(DEFAULT_TOKENIZER)
     logs = Path(tempfile.mkdtemp(prefix="islwatch-demo-"))
-    with ExitStack() as stack:
-        try:
-            return _demo(args, console, at, logs, stack)
-        except KeyboardInterrupt:
-            console.print("\nislwatch demo: interrupted, stopping the proxy and the emulator")
-            return 130
-        except RuntimeError as exc:
-            console.print(f"[red]islwatch demo: {exc}[/]")
-            return 1
+    scenes = selected(args.scene)
+    console.print(
+        f"{len(scenes)} scene(s), each with its own emulator and proxy; logs in {logs}",
+        markup=False,
+        soft_wrap=True,
+    )
+    try:
+        return _demo(Demo(args, console, loaded, logs, scenes))
+    except KeyboardInterrupt:
+        console.print("\nislwatch demo: interrupted, stopping the proxy and the emulator")
+        return 130
+    except RuntimeError as exc:
+        console.print(f"[red]islwatch demo: {exc}[/]")
+        return 1

@@ -57,7 +57,7 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[], ModuleType]]] = {
     "emulate": ("run an OpenAI-compatible upstream emulator with fault switches", _emulate),
     "parity": ("serialization parity gate for a tokenizer", _parity),
     "loadgen": ("send exactly budgeted synthetic traffic", _loadgen),
-    "demo": ("emulator + proxy + loadgen on an offline tokenizer", _demo),
+    "demo": ("scenes on the emulator: a correct deployment, then drift caught and named", _demo),
 }
 
 

@@ -1,12 +1,11 @@
-"""`islwatch demo` end to end in a subprocess: it finishes on its own, and Ctrl-C leaves no process behind."""
+"""`islwatch demo` end to end in a subprocess: every scene runs to its verdict, the summary says what the
+proxy's /metrics said, and Ctrl-C leaves no process behind."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import orjson
@@ -14,84 +13,64 @@ import pytest
 
 from tests.conftest import REPO
 from tests.eventually import eventually
+from tests.loadgen.demolib import DEMO, TIMEOUT_S, alive, descendants, read_lines, summary, wait_serving
 
-DEMO = [sys.executable, "-m", "proxy.cli", "demo", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]
-TIMEOUT_S = 300
-
-
-def descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    out: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.add(child)
-            todo.append(child)
-    return out
+BOTH = "IslwatchDuplicateBOS, IslwatchTokenDrift"
 
 
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def test_demo_runs_to_the_end(tmp_path: Path) -> None:
+def test_demo_runs_every_scene_to_the_end(tmp_path: Path) -> None:
     out = subprocess.run(
         [*DEMO, "--requests", "6", "--output", str(tmp_path / "r.json")],
         cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "/metrics" in out.stdout
-    assert "proxy's own match" in out.stdout
-    report = orjson.loads((tmp_path / "r.json").read_bytes())
+    assert "proxy's own match" in out.stdout  # the correct scene shows the loadgen's full report
+    report = orjson.loads((tmp_path / "r-correct.json").read_bytes())
     assert report["requests"] == 6 and report["isl"]["server_exact"] == 6
     assert report["proxy"]["islwatch_isl_match_total"] == {"exact": 6.0}
-
-
-def read_lines(proc: subprocess.Popen[str]) -> list[str]:
-    """The lines `proc` prints, collected by a thread as they arrive."""
-    lines: list[str] = []
-
-    def collect() -> None:
-        for line in proc.stdout or []:
-            lines.append(line)
-
-    threading.Thread(target=collect, daemon=True).start()
-    return lines
-
-
-def wait_serving(proc: subprocess.Popen[str], lines: list[str]) -> None:
-    """Until the demo says it serves; fails at once (with its output) if it exits first."""
-    text, code = eventually(
-        lambda: ("".join(lines), proc.poll()),
-        until=lambda seen: "Serving until Ctrl-C" in seen[0] or seen[1] is not None,
-        timeout=TIMEOUT_S,
-        what="the demo serving",
+    # The loadgen's reports carry the proxy's own counts (its /metrics) for the drift scenes too.
+    for scene, cause in (("double-bos", "duplicate_bos"), ("template-swap", "hidden_system_prompt")):
+        proxy = orjson.loads((tmp_path / f"r-{scene}.json").read_bytes())["proxy"]
+        assert proxy["islwatch_isl_match_total"] == {"mismatch": 6.0}, scene
+        assert proxy["islwatch_drift_total"] == {cause: 6.0}, scene
+    assert summary(out.stdout) == {
+        "correct": ["6", "6/6", "0", "exact", "-"],
+        "double-bos": ["6", "0/6", "+1", "duplicate_bos", BOTH],
+        # "You are a helpful assistant.\n\n" is 8 Mistral v0.1 tokens in front of the first user turn.
+        "template-swap": ["6", "0/6", "+8", "hidden_system_prompt", "IslwatchTokenDrift"],
+    }
+    verdicts = [line for line in out.stdout.splitlines() if line.startswith("verdict: ")]
+    assert verdicts == [
+        "verdict: OK: 6/6 requests exact (templated == server); no alert would fire",
+        f"verdict: DRIFT +1 token on 6/6 requests, cause duplicate_bos (a second BOS); would fire: {BOTH}",
+        "verdict: DRIFT +8 tokens on 6/6 requests, cause hidden_system_prompt (text the client never sent); "
+        "would fire: IslwatchTokenDrift",
+    ]
+    # The parity gate: the extra-special path duplicates BOS; the swapped template differs at position 4.
+    assert "PASS (split == direct on 3 conversations, 1 skipped" in out.stdout
+    assert (
+        "FAIL at position 1 of conversation 0: 15 intended tokens, 16 sent, ids start [1, 1] ('<s>', '<s>')"
+        in out.stdout
     )
-    assert "Serving until Ctrl-C" in text, f"demo exited with {code} before serving:\n{text}"
+    assert "FAIL at position 4 of conversation 0: 1824 '▁What' -> 995 '▁You' (15 -> 23 tokens)" in out.stdout
 
 
-@pytest.mark.parametrize("group", [True, False], ids=["ctrl-c-group", "sigint-demo-only"])
-def test_ctrl_c_leaves_no_orphans(group: bool) -> None:
+@pytest.mark.parametrize(
+    ("group", "scenes"),
+    [(True, []), (False, ["--scene", "correct"])],
+    ids=["ctrl-c-group-all-scenes", "sigint-demo-only-one-scene"],
+)
+def test_ctrl_c_leaves_no_orphans(group: bool, scenes: list[str]) -> None:
     proc = subprocess.Popen(
-        [*DEMO, "--requests", "4", "--keep-running"],
+        [*DEMO, "--requests", "4", "--keep-running", *scenes],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
     lines = read_lines(proc)
     try:
         wait_serving(proc, lines)
         kids = descendants(proc.pid)
-        assert len(kids) >= 2  # the emulator and the proxy (and the proxy's analysis worker)
+        assert len(kids) >= 2  # the last scene's emulator and proxy (and the proxy's analysis worker)
         if group:
             os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
         else:
