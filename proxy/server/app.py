@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, NamedTuple
 
@@ -71,23 +71,6 @@ def build_apps(
         inject_stream_usage=config.inject_stream_usage,
     )
     context = ProxyContext(config.upstream, metrics, pool, policy, ProblemLog(log))
-    timeout = aiohttp.ClientTimeout(
-        total=None,
-        sock_connect=min(10.0, config.upstream_timeout_seconds),
-        sock_read=config.upstream_timeout_seconds,  # per read: long streams are fine, a stalled one is not
-    )
-
-    async def upstream_session(app: web.Application) -> AsyncIterator[None]:
-        session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-            timeout=timeout,
-            auto_decompress=False,  # relay compressed bytes as they are
-            cookie_jar=aiohttp.DummyCookieJar(),  # never carry one client's cookies to another's request
-            trust_env=False,  # the upstream is the configured URL, not whatever HTTP_PROXY says
-        )
-        app[SESSION] = session
-        yield
-        await session.close()
 
     async def analysis_pool(app: web.Application) -> AsyncIterator[None]:
         # Loading tokenizers takes seconds; traffic flows meanwhile and /readyz says when analysis is ready.
@@ -102,12 +85,35 @@ def build_apps(
 
     traffic = web.Application(client_max_size=config.max_body_bytes)
     traffic[CONTEXT] = context
-    traffic.cleanup_ctx.append(upstream_session)
+    traffic.cleanup_ctx.append(upstream_session(config.upstream_timeout_seconds))
     traffic.cleanup_ctx.append(analysis_pool)
     traffic.router.add_route("*", "/{tail:.*}", handle)
 
     health = config.upstream + config.upstream_health_path if config.upstream_health_path else None
     return traffic, build_admin(pool, metrics, health, probe)
+
+
+def upstream_session(timeout_seconds: float) -> Callable[[web.Application], AsyncIterator[None]]:
+    """The shared upstream ClientSession, owned by the traffic app's cleanup_ctx."""
+    timeout = aiohttp.ClientTimeout(
+        total=None,
+        sock_connect=min(10.0, timeout_seconds),
+        sock_read=timeout_seconds,  # per read: long streams are fine, a stalled one is not
+    )
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            timeout=timeout,
+            auto_decompress=False,  # relay compressed bytes as they are
+            cookie_jar=aiohttp.DummyCookieJar(),  # never carry one client's cookies to another's request
+            trust_env=False,  # the upstream is the configured URL, not whatever HTTP_PROXY says
+        )
+        app[SESSION] = session
+        yield
+        await session.close()
+
+    return ctx
 
 
 async def _start_pool(pool: AnalysisPool) -> None:
