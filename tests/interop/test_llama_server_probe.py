@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 from interop.interop_shapes import LLAMA3, QWEN
+from interop.llama_server_proc import LlamaServer
 from interop.proxy_proc import Proxy
 from tests.eventually import eventually
 from tests.server.helpers import parse_metrics, value
@@ -40,3 +41,24 @@ def test_llama_cpp_flavor_tokenizes_as_the_server(llama_cpp_flavor_proxy: Proxy)
 def test_default_flavor_finds_the_normalization_difference(llama_proxy: Proxy, family: str) -> None:
     expected = {QWEN: 0, LLAMA3: 1}[family]  # Qwen2.5 normalizes NFC; llama.cpp does not
     assert parity(llama_proxy) == expected
+
+
+def test_the_release_gate_checks_a_live_llama_server(llama_server: LlamaServer, family: str) -> None:
+    """`islwatch parity --server` against llama-server (llama.cpp's /tokenize shape): the gate loads the
+    tokenizer as transformers does, so Qwen2.5's NFC normalizer fails the NFD probe; Llama-3 passes."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, SHARED_TOKENIZERS
+
+    out = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "parity", "--tokenizer", str(SHARED_TOKENIZERS / family),
+         "--server", llama_server.base_url, "--json"],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    report = json.loads(out.stdout)
+    assert report["server"]["shape"] == "llama.cpp"
+    assert out.returncode == {QWEN: 1, LLAMA3: 0}[family], out.stderr
+    failed = [p["name"] for p in report["probes"] if not p["equal"]]
+    assert failed == (["unicode_nfd"] if family == QWEN else [])

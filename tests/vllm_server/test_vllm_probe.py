@@ -59,3 +59,26 @@ def test_a_differing_server_tokenizer_is_found_and_named(
     assert value(after, differs, cause="server_tokenizer_differs") == 1 + value(
         before, differs, cause="server_tokenizer_differs"
     )
+
+
+@pytest.mark.parametrize(("family_name", "code"), [("qwen2.5-instruct", 0), ("deepseek-v3", 1)])
+def test_the_release_gate_checks_a_live_server(
+    vllm_servers: dict[str, VllmServer], family_name: str, code: int
+) -> None:
+    """`islwatch parity --server`: exit 0 where the server tokenizes as islwatch does, 1 where it does not."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, SHARED_TOKENIZERS
+
+    server = vllm_servers[family_name]
+    out = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "parity", "--tokenizer", str(SHARED_TOKENIZERS / family_name),
+         "--server", server.base_url, "--model", server.model, "--json"],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == code, out.stderr
+    report = json.loads(out.stdout)
+    assert report["server"]["shape"] == "vllm"
+    assert report["ok"] is (code == 0)
