@@ -51,7 +51,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="SPEC",
         help="double-bos | no-template | system-prompt=N | gen-prompt-off | status=CODE@FRACTION"
-        " | latency=50ms | token-latency=5ms | reset-mid-stream@FRACTION (repeatable)",
+        " | latency=50ms | token-latency=5ms | reset-mid-stream@FRACTION"
+        " | tokenizer=SPEC (another tokenizer counts and answers /tokenize) (repeatable)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault RNGs (default 0)")
     parser.add_argument(

@@ -1,7 +1,7 @@
 """`islwatch emulate`: an OpenAI-compatible upstream that counts prompts the way vLLM does, with fault switches.
 
 It answers `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/responses` (JSON and SSE),
-`/v1/models` and `/health`. The answer text is deterministic: exactly `max_tokens` tokens of the emulator's
+`/v1/models`, `/health` and vLLM's `/tokenize` (`tokenize.py`). The answer text is deterministic: exactly `max_tokens` tokens of the emulator's
 tokenizer. `usage.prompt_tokens` comes from `counting`, a second implementation of vLLM's path, so the
 proxy's counting core is checked against it. Faults (`faults.py`) make the count drift the way real
 deployments do, or make requests fail. This module is the HTTP side: handlers, the app, serving.
@@ -25,6 +25,7 @@ from proxy.emulator.config import EmulatorConfig
 from proxy.emulator.errors import RequestError
 from proxy.emulator.plan import Emulator, Plan
 from proxy.emulator.streams import stream_events
+from proxy.emulator.tokenize import tokenize_answer
 
 __all__ = ["EMULATOR", "EmulatorConfig", "build_emulator_app", "serve", "start_emulator", "url_host"]
 
@@ -98,6 +99,15 @@ def _inference_handler(endpoint: Endpoint) -> Any:
     return handle
 
 
+async def _tokenize(request: web.Request) -> web.Response:
+    """vLLM's `/tokenize`: never subject to the status or latency faults (they model inference)."""
+    try:
+        answer = tokenize_answer(request.app[EMULATOR], await request.read())
+    except RequestError as exc:
+        return error_response(str(exc), exc.status, exc.param)
+    return web.Response(body=orjson.dumps(answer), content_type="application/json")
+
+
 async def _models(request: web.Request) -> web.Response:
     return web.Response(body=request.app[MODELS_BODY], content_type="application/json")
 
@@ -116,15 +126,19 @@ def build_emulator_app(
     config: EmulatorConfig, tokenizer: LoadedTokenizer | Any | None = None
 ) -> web.Application:
     """The emulator as an aiohttp app. `tokenizer` (a LoadedTokenizer or a transformers tokenizer) skips
-    loading `config.tokenizer`, so tests share one loaded tokenizer between apps with different faults."""
+    loading `config.tokenizer`, so tests share one loaded tokenizer between apps with different faults. The
+    `tokenizer=SPEC` fault's tokenizer is loaded here, once per app."""
     if tokenizer is None:
         tokenizer = load_tokenizer(config.tokenizer, chat_template_file=config.chat_template)
+    swapped = config.faults.tokenizer
+    encoder = load_tokenizer(swapped) if swapped is not None else None
     app = web.Application(client_max_size=MAX_BODY_BYTES)
-    emu = Emulator(config, tokenizer)
+    emu = Emulator(config, tokenizer, encoder)
     app[EMULATOR] = emu
     app[MODELS_BODY] = models_body(config.served_models, emu.created())
     for path, endpoint in BY_PATH.items():
         app.router.add_post(path, _inference_handler(endpoint))
+    app.router.add_post("/tokenize", _tokenize)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/emulator/stats", _stats)

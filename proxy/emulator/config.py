@@ -27,6 +27,7 @@ class EmulatorConfig:
     # vLLM answers 404 for a model it does not serve; off by default so proxy tests can send any name.
     strict_models: bool = False
     embedding_dim: int = 8
+    max_model_len: int = 4096  # reported by POST /tokenize, as vLLM reports its context length
     created: int | None = FIXED_CREATED  # None: wall clock
 
     @property

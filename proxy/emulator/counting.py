@@ -9,7 +9,10 @@ primitives (`proxy.core.tokens`), which are the tokenizer calls themselves:
   `serving_engine.py` `_preprocess_chat`);
 - completions / embeddings: a plain encode with special tokens (default True); token-id prompts as given.
 
-Pure functions of (tokenizer, body, faults); a body vLLM would refuse raises `RequestError`.
+Pure functions of (tokenizer, body, faults); a body vLLM would refuse raises `RequestError`. `tok` renders
+(its chat template and template facts); `enc`, when given (the `tokenizer=SPEC` fault), encodes instead of
+`tok`, as a server whose tokenizer files changed while its template did not. `/tokenize` (`tokenize_ids`)
+follows the same path without the count-changing faults, as vLLM's tokenize endpoint does.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 from proxy.core.endpoints import Endpoint
 from proxy.core.extract import ChatInput, chat_input, prompt_input, responses_input
 from proxy.core.messages import InvalidBody
-from proxy.core.tokens import developer_role, encode_len, parts_format, render_chat, template_of
+from proxy.core.tokens import developer_role, encode, encode_len, parts_format, render_chat, template_of
 from proxy.emulator.errors import RequestError
 from proxy.emulator.faults import Faults
 
@@ -58,21 +61,39 @@ def _render(tok: Any, chat: ChatInput, faults: Faults) -> str:
         raise RequestError(f"chat template error: {exc}") from None
 
 
-def chat_prompt_tokens(tok: Any, endpoint: Endpoint, body: Any, faults: Faults) -> int:
-    """prompt_tokens of a chat-shaped request (chat, responses, chat-style embeddings) as vLLM reports it."""
+def _checked_chat(tok: Any, endpoint: Endpoint, body: Any) -> ChatInput:
     chat = _chat_of(tok, endpoint, body)
     if chat.continue_final_message and chat.add_generation_prompt:
-        # vLLM's request validator (ChatCompletionRequest.check_generation_prompt) refuses this pair.
+        # vLLM's request validators (check_generation_prompt, chat and tokenize requests) refuse this pair.
         raise RequestError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-    if faults.no_template:
-        # A server without a template: the texts, joined, encoded plainly (BOS included).
-        count = encode_len(tok, NO_TEMPLATE_JOIN.join(chat.texts), add_special_tokens=True)
-        return count + faults.system_prompt_tokens
+    return chat
+
+
+def _templated(tok: Any, chat: ChatInput, faults: Faults) -> str:
     if template_of(tok) is None:
         raise RequestError(NO_DEFAULT_TEMPLATE)
-    rendered = _render(tok, chat, faults)
+    return _render(tok, chat, faults)
+
+
+def chat_prompt_tokens(tok: Any, endpoint: Endpoint, body: Any, faults: Faults, enc: Any = None) -> int:
+    """prompt_tokens of a chat-shaped request (chat, responses, chat-style embeddings) as vLLM reports it."""
+    enc = tok if enc is None else enc
+    chat = _checked_chat(tok, endpoint, body)
+    if faults.no_template:
+        # A server without a template: the texts, joined, encoded plainly (BOS included).
+        count = encode_len(enc, NO_TEMPLATE_JOIN.join(chat.texts), add_special_tokens=True)
+        return count + faults.system_prompt_tokens
+    rendered = _templated(tok, chat, faults)
     add_special = chat.add_special_tokens or faults.double_bos
-    return encode_len(tok, rendered, add_special_tokens=add_special) + faults.system_prompt_tokens
+    return encode_len(enc, rendered, add_special_tokens=add_special) + faults.system_prompt_tokens
+
+
+def chat_ids(tok: Any, body: Any, enc: Any = None) -> list[int]:
+    """`POST /tokenize` with `messages` (vLLM's TokenizeChatRequest: add_generation_prompt default true,
+    continue_final_message and add_special_tokens default false): the rendered chat's ids. The
+    count-changing faults are not applied: they model the inference path, not the tokenizer."""
+    chat = _checked_chat(tok, Endpoint.CHAT, body)
+    return encode(tok if enc is None else enc, _templated(tok, chat, Faults()), chat.add_special_tokens)
 
 
 def prompt_token_counts(tok: Any, body: Any, field_name: str) -> tuple[int, ...]:

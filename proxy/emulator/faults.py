@@ -11,6 +11,10 @@ Each switch reproduces a real way a server's prompt count drifts from the chat t
 - `latency=DURATION`: a sleep before the answer or the first stream chunk (`50ms`, `0.2s`, `1.5`).
 - `token-latency=DURATION`: a sleep between stream chunks (makes chunked relay observable).
 - `reset-mid-stream[@FRACTION]`: that fraction (default 1) of streams are cut after a few chunks.
+- `tokenizer=SPEC`: prompts are counted, and `/tokenize` answered, with another tokenizer (SPEC as
+  `--tokenizer` takes it: a folder, a hub id with `@REVISION`, `builtin:NAME`), as a server whose tokenizer
+  files changed but whose chat template did not: the template stays the main tokenizer's. Everything after
+  the first `=` is the spec (no `@FRACTION`: an `@` belongs to the revision).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ KINDS = (
     "latency",
     "token-latency",
     "reset-mid-stream",
+    "tokenizer",
 )
 # Durations are bounded so a typo (`latency=50` meant as ms, read as s) is obvious but not a hung test.
 MAX_SECONDS = 600.0
@@ -48,11 +53,18 @@ class Faults:
     latency_seconds: float = 0.0
     token_latency_seconds: float = 0.0
     reset_rate: float = 0.0
+    tokenizer: str | None = None  # `tokenizer=SPEC`: the encoder's spec (loaded by the app, not here)
 
     @property
     def changes_count(self) -> bool:
         """True when the reported prompt_tokens differ from the faithful vLLM count."""
-        return self.double_bos or self.no_template or self.system_prompt_tokens > 0 or self.gen_prompt_off
+        return (
+            self.double_bos
+            or self.no_template
+            or self.system_prompt_tokens > 0
+            or self.gen_prompt_off
+            or self.tokenizer is not None
+        )
 
     def describe(self) -> list[str]:
         """The specs back, normalized (for the startup log line and /health)."""
@@ -73,6 +85,8 @@ class Faults:
             out.append(f"token-latency={self.token_latency_seconds * 1000:g}ms")
         if self.reset_rate:
             out.append(f"reset-mid-stream@{self.reset_rate:g}")
+        if self.tokenizer is not None:
+            out.append(f"tokenizer={self.tokenizer}")
         return out
 
 
@@ -112,6 +126,11 @@ def _require(cond: bool, spec: str, expected: str) -> None:
 def parse_fault(spec: str) -> dict[str, object]:
     """One `--fault` spec -> the `Faults` fields it sets. Raises ValueError with a usable message."""
     name, value, rate = _split(spec)
+    if name == "tokenizer":
+        # The whole rest is the spec: `@` starts a revision there, not a fraction.
+        tokenizer = spec.partition("=")[2].strip() if "=" in spec.partition("@")[0] else ""
+        _require(bool(tokenizer), spec, "tokenizer=SPEC, e.g. tokenizer=builtin:mistral-v0.1 or a folder")
+        return {"tokenizer": tokenizer}
     if name not in KINDS:
         raise ValueError(f"unknown fault {spec!r}; known: {', '.join(KINDS)}")
     if name in ("double-bos", "no-template", "gen-prompt-off"):

@@ -22,7 +22,15 @@ from proxy.emulator.config import EmulatorConfig
 from proxy.emulator.counting import chat_prompt_tokens, pick_word, prompt_token_counts
 from proxy.emulator.errors import RequestError
 
-__all__ = ["Emulator", "EmulatorConfig", "EmulatorStats", "Plan", "RequestError", "request_digest"]
+__all__ = [
+    "Emulator",
+    "EmulatorConfig",
+    "EmulatorStats",
+    "Plan",
+    "RequestError",
+    "parse_body",
+    "request_digest",
+]
 
 
 @dataclass
@@ -69,7 +77,7 @@ def request_digest(body: dict[str, Any]) -> str:
     return hashlib.sha256(orjson.dumps(stable, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
 
 
-def _parse_body(raw: bytes) -> dict[str, Any]:
+def parse_body(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -79,12 +87,22 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-class Emulator:
-    """Per-app state: the tokenizer (loaded once), the answer word, the seeded fault RNGs, counters."""
+def _unwrap(loaded: LoadedTokenizer | Any) -> Any:
+    return loaded.tokenizer if isinstance(loaded, LoadedTokenizer) else loaded
 
-    def __init__(self, config: EmulatorConfig, loaded: LoadedTokenizer | Any) -> None:
+
+class Emulator:
+    """Per-app state: the tokenizer (loaded once), the answer word, the seeded fault RNGs, counters.
+
+    `enc` encodes prompts (counting and `/tokenize`): the `tokenizer=SPEC` fault's tokenizer when given,
+    else `tok`. `tok` always renders the chat template and picks the answer word."""
+
+    def __init__(
+        self, config: EmulatorConfig, loaded: LoadedTokenizer | Any, encoder: LoadedTokenizer | Any = None
+    ) -> None:
         self.config = config
-        self.tok = loaded.tokenizer if isinstance(loaded, LoadedTokenizer) else loaded
+        self.tok = _unwrap(loaded)
+        self.enc = self.tok if encoder is None else _unwrap(encoder)
         self.word = pick_word(self.tok)
         # One RNG per fault, so switching one fault on does not move the other's decisions.
         self.status_rng = random.Random(f"{config.seed}:status")
@@ -128,17 +146,22 @@ class Emulator:
     def prompt_counts(self, endpoint: Endpoint, body: dict[str, Any]) -> tuple[int, ...]:
         """prompt_tokens per prompt; embeddings with `messages` are vLLM's chat-style embeddings."""
         if endpoint == Endpoint.COMPLETIONS:
-            return prompt_token_counts(self.tok, body, "prompt")
+            return prompt_token_counts(self.enc, body, "prompt")
         if endpoint == Endpoint.EMBEDDINGS and not isinstance(body.get("messages"), list):
-            return prompt_token_counts(self.tok, body, "input")
-        return (chat_prompt_tokens(self.tok, endpoint, body, self.config.faults),)
+            return prompt_token_counts(self.enc, body, "input")
+        return (chat_prompt_tokens(self.tok, endpoint, body, self.config.faults, self.enc),)
+
+    def check_model(self, body: dict[str, Any]) -> None:
+        """vLLM's 404 for a model it does not serve (only with `strict_models`)."""
+        model = body.get("model")
+        if self.config.strict_models and model is not None and model not in self.config.served_models:
+            raise RequestError(f"The model `{model}` does not exist.", status=404, param="model")
 
     def plan(self, endpoint: Endpoint, raw: bytes) -> Plan:
-        body = _parse_body(raw)
+        body = parse_body(raw)
+        self.check_model(body)
         model = body.get("model")
         served = self.config.served_models
-        if self.config.strict_models and model is not None and model not in served:
-            raise RequestError(f"The model `{model}` does not exist.", status=404, param="model")
         if body.get("n") not in (None, 1):
             raise RequestError("the emulator answers n=1 only", param="n")
         prompts = self.prompt_counts(endpoint, body)
