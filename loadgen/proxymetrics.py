@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import urllib.request
+from collections.abc import Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -20,12 +21,12 @@ SHOWN = {
 Counts = dict[str, dict[str, float]]
 
 
-def parse_counts(text: str) -> Counts:
-    """Sum the shown samples over all other labels (model, endpoint). Pure."""
+def parse_counts(text: str, shown: Mapping[str, str] = SHOWN) -> Counts:
+    """Sum the `shown` samples (name -> the label to break down by) over all other labels. Pure."""
     out: Counts = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            label = SHOWN.get(sample.name)
+            label = shown.get(sample.name)
             if label is None:
                 continue
             key = sample.labels.get(label, "") if label else "all"

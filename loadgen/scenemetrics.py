@@ -10,9 +10,7 @@ from __future__ import annotations
 import time
 import urllib.request
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from .proxymetrics import SHOWN, Counts
+from .proxymetrics import SHOWN, Counts, parse_counts
 
 DRIFT_BUCKETS = "islwatch_isl_drift_tokens_bucket"
 SERVER_PARITY = "islwatch_server_parity_ok"
@@ -28,16 +26,7 @@ SCENE_SAMPLES = {
 
 def parse(text: str) -> Counts:
     """Each scene sample summed over its other labels (one model in the demo). Pure."""
-    out: Counts = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            label = SCENE_SAMPLES.get(sample.name)
-            if label is None:
-                continue
-            key = sample.labels.get(label, "") if label else "all"
-            bucket = out.setdefault(sample.name, {})
-            bucket[key] = bucket.get(key, 0.0) + sample.value
-    return out
+    return parse_counts(text, SCENE_SAMPLES)
 
 
 def increase(before: Counts, after: Counts) -> Counts:
