@@ -53,15 +53,17 @@ def table(conv: ConversationParity) -> Table:
     return out
 
 
-def token_diff(tok: Any, ref: tuple[int, ...], ids: tuple[int, ...], at: int, width: int = 3) -> list[str]:
-    """A few ids and their token strings on both sides of the first difference."""
+def id_diff(
+    tok: Any, a: tuple[int, ...], b: tuple[int, ...], at: int, names: tuple[str, str], width: int = 3
+) -> list[str]:
+    """A few ids on both sides of the first difference, with their token strings in `tok`'s vocabulary."""
     lo = max(at - width, 0)
 
     def side(seq: tuple[int, ...]) -> str:
         window = list(seq[lo : at + width + 1])
-        return f"[{lo}:{lo + len(window)}] ids {window} tokens {tok.convert_ids_to_tokens(window)}"
+        return f"[{lo}:{lo + len(window)}] ids {window} tokens {_tokens(tok, window)}"
 
-    return [f"    reference {side(ref)}", f"    this path {side(ids)}"]
+    return [f"    {names[0]} {side(a)}", f"    {names[1]} {side(b)}"]
 
 
 def failures(tok: Any, report: ParityReport) -> list[str]:
@@ -81,7 +83,7 @@ def failures(tok: Any, report: ParityReport) -> list[str]:
                 f"conversation {conv.index}: {row.name} {what} ({ref.count} vs {row.count} tokens){dup}"
             )
             if row.first_diff is not None:
-                lines.extend(token_diff(tok, ref.ids, row.ids, row.first_diff))
+                lines.extend(id_diff(tok, ref.ids, row.ids, row.first_diff, ("reference", "this path")))
     if report.checked == 0:
         lines.append("no conversation could be rendered: nothing was checked")
     lines.extend(f"negative control blind: {c}" for c in report.controls)
@@ -153,19 +155,6 @@ def _tokens(tok: Any, ids: list[int]) -> list[str | None]:
         return [None] * len(ids)
 
 
-def server_diff(
-    tok: Any, ours: tuple[int, ...], theirs: tuple[int, ...], at: int, width: int = 3
-) -> list[str]:
-    """A few ids on both sides of the first difference, with their token strings in islwatch's vocabulary."""
-    lo = max(at - width, 0)
-
-    def side(seq: tuple[int, ...]) -> str:
-        window = list(seq[lo : at + width + 1])
-        return f"[{lo}:{lo + len(window)}] ids {window} tokens {_tokens(tok, window)}"
-
-    return [f"    islwatch {side(ours)}", f"    server   {side(theirs)}"]
-
-
 def server_failures(tok: Any, parity: ServerParity) -> list[str]:
     lines: list[str] = []
     for row in parity.rows:
@@ -174,7 +163,7 @@ def server_failures(tok: Any, parity: ServerParity) -> list[str]:
             continue
         lines.append(f"{row.name} differs at position {r.first_diff} ({r.ours} vs {r.theirs} tokens)")
         if r.first_diff is not None:
-            lines.extend(server_diff(tok, row.ours, row.theirs, r.first_diff))
+            lines.extend(id_diff(tok, row.ours, row.theirs, r.first_diff, ("islwatch", "server  ")))
     return lines
 
 
