@@ -29,6 +29,7 @@ from proxy.server.pool import AnalysisPool
 from proxy.server.problems import ProblemLog
 from proxy.server.records import DEFAULT_KEY
 from proxy.server.server_probe import ServerProbe
+from proxy.server.upstream import KEEPALIVE_SECONDS, trace_reuse
 
 log = logging.getLogger("islwatch.proxy")
 
@@ -103,7 +104,8 @@ def upstream_session(timeout_seconds: float) -> Callable[[web.Application], Asyn
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=KEEPALIVE_SECONDS),
+            trace_configs=[trace_reuse()],  # which requests went out on a pooled connection
             timeout=timeout,
             auto_decompress=False,  # relay compressed bytes as they are
             cookie_jar=aiohttp.DummyCookieJar(),  # never carry one client's cookies to another's request

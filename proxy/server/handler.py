@@ -43,7 +43,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
     tap: UsageTap | None = None
     try:
         try:
-            upstream = await open_upstream(request.app[SESSION], ctx.upstream, request, req.data)
+            upstream = await open_upstream(
+                request.app[SESSION], ctx.upstream, request, req.data, ctx.metrics.upstream_retried
+            )
         except UpstreamFailed as exc:
             status = FAILURE_STATUS[exc.kind]
             _upstream_failed(ctx, request, exc.kind, f"before a response ({exc})")

@@ -67,6 +67,7 @@ class Metrics:
     analysis_queue_depth: Gauge
     fallback: Counter
     upstream_errors: Counter
+    upstream_retries: Counter
     bad_requests: Counter
     tokenizer_info: Gauge
     tokenizer_changes: Counter
@@ -101,6 +102,9 @@ class Metrics:
 
     def upstream_error(self, kind: str) -> None:
         self.child(self.upstream_errors, kind).inc()
+
+    def upstream_retried(self) -> None:
+        self.upstream_retries.inc()
 
     # ---- analysis -----------------------------------------------------------------------------------------
 
@@ -257,6 +261,11 @@ def build_metrics(registry: CollectorRegistry, process_metrics: bool = True) -> 
         ),
         upstream_errors=Counter(
             "islwatch_upstream_errors", "Upstream failures by kind", ["kind"], registry=r
+        ),
+        upstream_retries=Counter(
+            "islwatch_upstream_retries",
+            "Requests sent again on a new connection: the reused one was closed before any response byte",
+            registry=r,
         ),
         bad_requests=Counter(
             "islwatch_bad_requests", "Requests islwatch could not analyse, by reason", ["reason"], registry=r

@@ -7,6 +7,7 @@ status the client gets when no upstream response exists (`FAILURE_STATUS`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -29,6 +30,9 @@ HOP_BY_HOP = frozenset(
 SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 # The proxy's own answer when no upstream response exists (RFC 9110 15.6.3 and 15.6.5).
 FAILURE_STATUS = {"connect": 502, "reset": 502, "timeout": 504}
+# Idle pooled connections are dropped after this long: below the 5 s keep-alive of cpp-httplib
+# (llama-server) and uvicorn (vLLM, SGLang), so the pool does not hand out one the server is closing.
+KEEPALIVE_SECONDS = 4.0
 
 
 def failure_kind(exc: BaseException) -> str | None:
@@ -74,22 +78,57 @@ def upstream_url(base: str, request: web.Request) -> URL:
     return URL(base + request.rel_url.raw_path_qs, encoded=True)
 
 
+def trace_reuse() -> aiohttp.TraceConfig:
+    """Marks a request's trace context when it was sent on a pooled (reused) connection."""
+
+    async def reused(session: Any, ctx: Any, params: Any) -> None:
+        if isinstance(ctx.trace_request_ctx, dict):
+            ctx.trace_request_ctx["reused"] = True
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_reuseconn.append(reused)
+    return trace
+
+
+def _retryable(exc: BaseException, reused: bool, data: Any) -> bool:
+    """A server that closed a kept-alive connection as we reused it never saw the request (RFC 9112 9.3.1:
+    a client may retry what it knows was not applied; Envoy's `reset-before-request`): no response byte
+    arrived, and the body can be sent again."""
+    disconnected = isinstance(
+        exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError
+    ) and not isinstance(exc, aiohttp.ClientConnectorError)
+    return disconnected and reused and (data is None or isinstance(data, bytes))
+
+
 async def open_upstream(
-    session: aiohttp.ClientSession, base: str, request: web.Request, data: Any
+    session: aiohttp.ClientSession,
+    base: str,
+    request: web.Request,
+    data: Any,
+    on_retry: Callable[[], None] = lambda: None,
 ) -> aiohttp.ClientResponse:
-    """Send the request upstream and wait for its status line and headers; raises UpstreamFailed."""
+    """Send the request upstream and wait for its status line and headers; raises UpstreamFailed. A request
+    lost on a reused connection before any response byte is sent once more, on a new connection."""
     headers = forward_headers(request.headers, drop_length=isinstance(data, bytes))
-    try:
-        return await session.request(
-            request.method, upstream_url(base, request), headers=headers, data=data,
-            allow_redirects=False, skip_auto_headers=SKIP_AUTO_HEADERS,
-        )  # fmt: skip
-    except Exception as exc:
-        kind = failure_kind(exc)
-        if kind is None:
-            raise
-        detail = "no response within upstream_timeout_seconds" if kind == "timeout" else type(exc).__name__
-        raise UpstreamFailed(kind, detail) from exc
+    for attempt in (1, 2):
+        trace: dict[str, bool] = {"reused": False}
+        try:
+            return await session.request(
+                request.method, upstream_url(base, request), headers=headers, data=data,
+                allow_redirects=False, skip_auto_headers=SKIP_AUTO_HEADERS, trace_request_ctx=trace,
+            )  # fmt: skip
+        except Exception as exc:
+            kind = failure_kind(exc)
+            if kind is None:
+                raise
+            if attempt == 1 and _retryable(exc, trace["reused"], data):
+                on_retry()
+                continue
+            detail = (
+                "no response within upstream_timeout_seconds" if kind == "timeout" else type(exc).__name__
+            )
+            raise UpstreamFailed(kind, detail) from exc
+    raise AssertionError("unreachable")
 
 
 def error_response(exc: UpstreamFailed) -> web.Response:
