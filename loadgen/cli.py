@@ -7,23 +7,31 @@ tokenizer, the pydantic config and rich only when there is work to do (loadgen/l
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
 from proxy.core.endpoints import Endpoint
 from proxy.core.specs import DEFAULT_TOKENIZER
 
+from .cli_options import source_options
 from .markers import CacheBust
 
 # The endpoints the workload builds bodies for (LoadgenConfig.endpoint accepts the same names).
-ENDPOINTS: tuple[Endpoint, ...] = (Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS)
-ARRIVALS = ("poisson", "constant")
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint.CHAT,
+    Endpoint.COMPLETIONS,
+    Endpoint.EMBEDDINGS,
+    Endpoint.RESPONSES,
+)
+ARRIVALS = ("poisson", "constant", "gamma")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     _workload_options(p)
     _load_options(p)
     _output_options(p)
+    source_options(p)  # loadgen/cli_options.py: datasets, traces, ramps, sweeps, SLOs, HTML and CSV
 
 
 def _workload_options(p: argparse.ArgumentParser) -> None:
@@ -34,14 +42,20 @@ def _workload_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--endpoint", choices=[e.value for e in ENDPOINTS], default="chat")
     p.add_argument(
-        "--isl", type=int, required=True, help="templated tokens of the first request / per user turn"
-    )
+        "--isl", type=int, help="templated tokens of the first request / per user turn (required unless "
+        "--dataset or --trace gives the requests)",
+    )  # fmt: skip
     p.add_argument("--isl-stddev", type=float, default=0.0)
     p.add_argument("--osl", type=int, default=128, help="max_tokens per request")
     p.add_argument("--turns", type=int, default=1)
     p.add_argument("--shared-system-prompt-length", type=int, default=0, metavar="N")
     p.add_argument("--cache-bust", choices=[c.value for c in CacheBust], default="none")
     p.add_argument("--content-parts", action="store_true", help="send user content as a list of text parts")
+    p.add_argument("--images", type=int, help="generated PNG images in each conversation's first user message, "
+                   "their tokens in the ISL (Qwen2-VL / Qwen2.5-VL tokenizer folders)")  # fmt: skip
+    p.add_argument("--image-size", metavar="WxH", help="size of each generated image (default 448x448)")
+    p.add_argument("--mm-processor-kwargs", type=json.loads, metavar="JSON",
+                   help="the server's --mm-processor-kwargs (e.g. '{\"max_pixels\": 1003520}'), for image counts")  # fmt: skip
 
 
 def _load_options(p: argparse.ArgumentParser) -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from proxy.core.endpoints import SHAPES, Endpoint
 from proxy.core.specs import DEFAULT_TOKENIZER
 
+from .load_checks import source_contradictions
 from .markers import CacheBust
 
 
@@ -20,17 +21,24 @@ class LoadgenConfig(BaseModel):
     url: str = Field(description="base URL of the server or islwatch proxy, e.g. http://127.0.0.1:9000")
     model: str = "default"
     tokenizer: str = DEFAULT_TOKENIZER
-    endpoint: Literal["chat", "completions", "embeddings"] = "chat"
-    isl: int = Field(ge=1)
+    endpoint: Literal["chat", "completions", "embeddings", "responses"] = "chat"
+    isl: int = Field(default=0, ge=0)  # 0: not given (a dataset's own counts, a trace's input_length)
     isl_stddev: float = Field(default=0.0, ge=0)
     osl: int = Field(default=128, ge=1)
     turns: int = Field(default=1, ge=1)
     shared_system_prompt_length: int = Field(default=0, ge=0)
     cache_bust: CacheBust = CacheBust.NONE
     content_parts: bool = False  # send user content as a list of text parts
+    # Generated PNGs in the first user message (loadgen/images.py), counted in the budget by the server's
+    # image rule under its --mm-processor-kwargs.
+    images: int = Field(default=0, ge=0)
+    image_size: str = Field(default="448x448", pattern=r"^[1-9][0-9]*[xX][1-9][0-9]*$")
+    mm_processor_kwargs: dict[str, Any] | None = None
     concurrency: int | None = Field(default=None, ge=1)
     request_rate: float | None = Field(default=None, gt=0)
-    arrival: Literal["poisson", "constant"] = "poisson"
+    arrival: Literal["poisson", "constant", "gamma"] = "poisson"
+    burstiness: float = Field(default=1.0, gt=0)  # gamma shape (vLLM's --burstiness)
+    ramp_to: float | None = Field(default=None, gt=0)  # linear ramp of the rate or concurrency to this
     request_count: int | None = Field(default=None, ge=1)
     duration: float | None = Field(default=None, gt=0)
     warmup: int = Field(default=0, ge=0)
@@ -44,6 +52,17 @@ class LoadgenConfig(BaseModel):
     output: Path | None = None
     records: Path | None = None
     run_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
+    # Workload sources, SLOs, sweeps and extra reports (loadgen/load_checks.py says what combines).
+    dataset: Path | None = None
+    trace: Path | None = None
+    trace_speedup: float = Field(default=1.0, gt=0)
+    block_size: int = Field(default=512, ge=1)
+    corpus: Path | None = None
+    slo: dict[str, float] | None = None
+    slo_attainment: float = Field(default=0.9, gt=0, le=1)
+    sweep: list[float] | None = None
+    html: Path | None = None
+    csv: Path | None = None
 
     @model_validator(mode="after")
     def _no_contradictions(self) -> LoadgenConfig:
@@ -62,12 +81,13 @@ class LoadgenConfig(BaseModel):
 
 def contradictions(c: LoadgenConfig) -> list[str]:
     """Every combination that cannot mean what the user asked for, each as a sentence."""
-    out: list[str] = []
-    if (c.concurrency is None) == (c.request_rate is None):
+    out = source_contradictions(c)  # datasets, traces, arrivals, ramps, sweeps, SLOs
+    if c.trace is None and (c.concurrency is None) == (c.request_rate is None):
         out.append("give exactly one of --concurrency (closed loop) or --request-rate (open loop)")
-    if (c.request_count is None) == (c.duration is None):
+    sourced = c.dataset is not None or c.trace is not None  # neither: one pass over the file
+    if (c.request_count is None) == (c.duration is None) and not (sourced and c.request_count is None):
         out.append("give exactly one of --request-count or --duration")
-    if c.endpoint != "chat":
+    if c.endpoint not in ("chat", "responses"):
         if c.cache_bust is not CacheBust.NONE:
             out.append(f"--cache-bust needs --endpoint chat (a {c.endpoint} prompt has no turns to mark)")
         if c.turns > 1:
@@ -76,11 +96,13 @@ def contradictions(c: LoadgenConfig) -> list[str]:
             out.append(
                 f"--shared-system-prompt-length needs --endpoint chat ({c.endpoint} has no system role)"
             )
-        if c.content_parts:
-            out.append("--content-parts needs --endpoint chat")
+    if c.images and (c.endpoint != "chat" or c.dataset is not None or c.trace is not None):
+        out.append("--images needs --endpoint chat and generated requests (no --dataset or --trace)")
+    if c.content_parts and c.endpoint != "chat":
+        out.append("--content-parts needs --endpoint chat")
     if c.endpoint == "embeddings" and c.streaming:
         out.append("--streaming does not apply to embeddings")
-    if c.shared_system_prompt_length and c.shared_system_prompt_length >= c.isl:
+    if c.isl and c.shared_system_prompt_length and c.shared_system_prompt_length >= c.isl:
         out.append(
             f"--shared-system-prompt-length {c.shared_system_prompt_length} leaves no room in --isl {c.isl}: "
             "the first request's templated count (system prompt included) is the ISL"

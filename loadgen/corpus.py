@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # Common English words (public domain frequency lists); most are one token in any large vocabulary.
@@ -45,9 +46,13 @@ class Corpus:
 
     words: tuple[str, ...]
     fillers: tuple[str, ...]
+    running_text: bool = False  # a user's corpus: spans of its text, in order, rather than random words
 
     def sample(self, rng: random.Random, n: int) -> list[str]:
-        return rng.choices(self.words, k=n)
+        if not self.running_text:
+            return rng.choices(self.words, k=n)
+        start = rng.randrange(len(self.words))
+        return [self.words[(start + i) % len(self.words)] for i in range(n)]
 
 
 def _adds_one(tok: Any, candidates: list[str]) -> list[str]:
@@ -66,3 +71,13 @@ def build_corpus(tok: Any) -> Corpus:
     if not words:
         raise ValueError("no one-token words for this tokenizer; cannot budget prompt text")
     return Corpus(words=tuple(words), fillers=tuple(fillers or words))
+
+
+def text_corpus(tok: Any, path: Path) -> Corpus:
+    """`--corpus FILE`: real text. Prompts take runs of its words (whitespace-separated) from a random
+    start; words cost what they cost (the budget measures), and one-token fillers still close the last gap."""
+    words = path.read_text(encoding="utf-8").split()
+    if not words:
+        raise ValueError(f"--corpus {path}: no words in the file")
+    fillers = _adds_one(tok, FILLERS) or _adds_one(tok, list(dict.fromkeys(WORDS)))
+    return Corpus(words=tuple(words), fillers=tuple(fillers or words[:8]), running_text=True)

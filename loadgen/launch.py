@@ -9,7 +9,6 @@ import argparse
 import sys
 from typing import Any
 
-import orjson
 from pydantic import ValidationError
 from rich.console import Console
 
@@ -17,8 +16,9 @@ from proxy.core.tokenizer import TokenizerLoadError
 
 from .config import LoadgenConfig
 from .orchestrate import prepare, run_config
-from .replies import Record
+from .outputs import print_goodput, write_outputs
 from .report import LoadgenReport
+from .sweep import run_sweep
 from .table import print_overhead, print_report
 
 FIELDS = set(LoadgenConfig.model_fields)
@@ -38,26 +38,23 @@ def validation_message(exc: ValidationError) -> str:
     return "; ".join(msgs)
 
 
-def write_outputs(cfg: LoadgenConfig, records: list[Record], report: LoadgenReport) -> None:
-    if cfg.output:
-        cfg.output.write_text(report.model_dump_json(indent=2) + "\n")
-    if cfg.records:
-        with cfg.records.open("wb") as f:
-            for r in records:
-                f.write(orjson.dumps(r) + b"\n")
-
-
 def run_loadgen(cfg: LoadgenConfig, console: Console) -> tuple[int, LoadgenReport | None]:
+    """One run (or a sweep: then the report returned is None). Exit 2 when nothing could be sent."""
     try:
+        if cfg.sweep:
+            code, sweep, runs = run_sweep(cfg, console)
+            write_outputs(cfg, runs, sweep)
+            return code, None
         prepared = prepare(cfg)
-    except (ValueError, TokenizerLoadError) as exc:
+    except (ValueError, OSError, TokenizerLoadError) as exc:
         console.print(f"[red]islwatch loadgen: {exc}[/]")
         return 2, None
     landing = prepared.workload.landing.value
     print_overhead(console, prepared.overhead, landing)
-    records, report = run_config(cfg, prepared, console)
+    records, report = run_config(prepared.cfg, prepared, console)
     print_report(console, report)
-    write_outputs(cfg, records, report)
+    print_goodput(console, report, cfg.slo_attainment)
+    write_outputs(cfg, [(None, records, report)])
     return (0 if report.succeeded or not report.requests else 1), report
 
 

@@ -18,8 +18,10 @@ from proxy.server.loop import run as run_loop
 
 from . import proxymetrics
 from .config import LoadgenConfig
+from .goodput import goodput
 from .report import LoadgenReport, Overheads, build_report
 from .runner import Engine, Record
+from .sources import build_workload
 from .workload import Workload
 
 
@@ -28,22 +30,24 @@ class Prepared:
     loaded: LoadedTokenizer
     workload: Workload
     overhead: Overheads
+    cfg: LoadgenConfig  # with the request count a dataset or trace settles (loadgen/sources.py)
 
 
-def prepare(cfg: LoadgenConfig) -> Prepared:
-    """Load the tokenizer and build one request before anything is sent. Raises ValueError / TokenizerLoadError."""
-    loaded = load_tokenizer(cfg.tokenizer)
-    workload = Workload(loaded.tokenizer, cfg)
+def prepare(cfg: LoadgenConfig, loaded: LoadedTokenizer | None = None) -> Prepared:
+    """Load the tokenizer and build one request before anything is sent. Raises ValueError / TokenizerLoadError,
+    OSError (an unreadable --dataset, --trace or --corpus)."""
+    loaded = loaded or load_tokenizer(cfg.tokenizer)
+    cfg, workload = build_workload(loaded.tokenizer, cfg)
     workload.preflight()
     o = workload.overhead()
-    return Prepared(loaded, workload, Overheads(fixed=o.fixed, wrap=o.wrap, marker=o.marker))
+    return Prepared(loaded, workload, Overheads(fixed=o.fixed, wrap=o.wrap, marker=o.marker), cfg)
 
 
 def _worker_main(
     cfg_data: dict[str, Any], index: int, n: int, done: Any, ready: Any, go: Any, out: Any
 ) -> None:
     cfg = LoadgenConfig.model_validate(cfg_data)
-    workload = Workload(load_tokenizer(cfg.tokenizer).tokenizer, cfg)
+    cfg, workload = build_workload(load_tokenizer(cfg.tokenizer).tokenizer, cfg)
 
     def on_done(_: Record) -> None:
         with done.get_lock():
@@ -158,4 +162,6 @@ def run_config(
         overhead=prepared.overhead,
         proxy=proxy,
     )
+    if cfg.slo:
+        report = report.model_copy(update={"goodput": goodput(records, cfg.slo, report.duration_s)})
     return records, report

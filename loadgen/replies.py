@@ -38,6 +38,7 @@ class Record:
     latency_ms: float | None  # end to end
     ttft_ms: float | None
     itl_ms: float | None  # mean gap between content chunks
+    cached_prompt_tokens: int | None = None  # usage: prompt tokens served from the server's prefix cache
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Outcome:
     latency_ms: float | None
     ttft_ms: float | None
     itl_ms: float | None
+    cached_tokens: int | None = None  # None: the server's usage did not report it
 
 
 def failed(error: str, status: int | None = None, latency_ms: float | None = None) -> Outcome:
@@ -93,6 +95,12 @@ class StreamTimer:
         obj = _event(line)
         if obj is None:
             return
+        if obj.get("type") == "response.output_text.delta":  # a /v1/responses stream's text
+            delta = obj.get("delta")
+            if isinstance(delta, str) and delta:
+                self.parts.append(delta)
+                self.times.append(now)
+            return
         for choice in obj.get("choices") or []:
             text = _text_of(choice, True) if isinstance(choice, dict) else ""
             if text:
@@ -120,7 +128,19 @@ class StreamTimer:
             (end - start) * 1000,
             (self.times[0] - start) * 1000 if self.times else None,
             (sum(gaps) / len(gaps)) * 1000 if gaps else None,
+            usage.cached_tokens if usage is not None else None,
         )
+
+
+def _output_text(obj: dict[str, Any]) -> str:
+    """A /v1/responses object's text: its message items' `output_text` parts, in order."""
+    texts = []
+    for item in obj.get("output") or []:
+        if isinstance(item, dict) and item.get("type") == "message":
+            for part in item.get("content") or []:
+                if isinstance(part, dict) and part.get("type") == "output_text":
+                    texts.append(str(part.get("text") or ""))
+    return "".join(texts)
 
 
 def json_outcome(status: int, raw: bytes, latency_ms: float) -> Outcome:
@@ -133,7 +153,7 @@ def json_outcome(status: int, raw: bytes, latency_ms: float) -> Outcome:
         return failed(f"HTTP {status}", status, latency_ms)
     usage = usage_of(obj)
     choices = obj.get("choices") or []
-    reply = _text_of(choices[0], False) if choices and isinstance(choices[0], dict) else ""
+    reply = _text_of(choices[0], False) if choices and isinstance(choices[0], dict) else _output_text(obj)
     return Outcome(
         200,
         None,
@@ -143,4 +163,5 @@ def json_outcome(status: int, raw: bytes, latency_ms: float) -> Outcome:
         latency_ms,
         None,
         None,
+        usage.cached_tokens if usage is not None else None,
     )

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from .goodput import Goodput
 from .replies import Record
 
 
@@ -37,6 +38,16 @@ class IslSummary(BaseModel):
     budget_error_samples: list[str]
 
 
+class CacheShare(BaseModel):
+    """The prompt tokens the server says it served from its prefix cache: usage `cached_tokens`
+    (`prompt_tokens_details` / `input_tokens_details`), over the requests whose usage reported it."""
+
+    reported: int  # requests whose usage carried cached_tokens
+    cached_tokens: int
+    prompt_tokens: int  # the same requests' server prompt tokens
+    share: float | None  # cached_tokens / prompt_tokens
+
+
 class TurnSummary(BaseModel):
     turn: int
     requests: int
@@ -44,6 +55,7 @@ class TurnSummary(BaseModel):
     target_mean: float
     client_exact_rate: float | None
     server_exact_rate: float | None
+    cache: CacheShare | None = None
 
 
 class Overheads(BaseModel):
@@ -73,6 +85,8 @@ class LoadgenReport(BaseModel):
     output_token_throughput: float
     input_token_throughput: float
     proxy: dict[str, dict[str, float]] | None = None
+    cache: CacheShare | None = None  # the whole run's prefix-cache share (per turn in `turns`)
+    goodput: Goodput | None = None  # with --slo (loadgen/goodput.py)
 
 
 def percentiles(values: Sequence[float]) -> Percentiles | None:
@@ -123,6 +137,19 @@ def isl_summary(records: Sequence[Record]) -> IslSummary:
     )
 
 
+def cache_share(records: Sequence[Record]) -> CacheShare:
+    pairs = [
+        (r.cached_prompt_tokens, r.server_prompt_tokens)
+        for r in records
+        if r.cached_prompt_tokens is not None and r.server_prompt_tokens is not None
+    ]
+    cached = sum(c for c, _ in pairs)
+    prompt = sum(p for _, p in pairs)
+    return CacheShare(
+        reported=len(pairs), cached_tokens=cached, prompt_tokens=prompt, share=_rate(cached, prompt)
+    )
+
+
 def turn_summaries(records: Sequence[Record]) -> list[TurnSummary]:
     out = []
     for turn in sorted({r.turn for r in records}):
@@ -138,6 +165,7 @@ def turn_summaries(records: Sequence[Record]) -> list[TurnSummary]:
                 server_exact_rate=_rate(
                     sum(r.server_prompt_tokens == r.target_isl for r in served), len(served)
                 ),
+                cache=cache_share(rs),
             )
         )
     return out
@@ -183,4 +211,5 @@ def build_report(
         output_token_throughput=per_s(out_tokens),
         input_token_throughput=per_s(in_tokens),
         proxy=proxy,
+        cache=cache_share(measured),
     )

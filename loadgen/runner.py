@@ -7,13 +7,15 @@ and pre-builds first turns before the clock starts, so a slow response or a slow
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import aiohttp
 
+from proxy.server.upstream import _retryable, trace_reuse
+
+from .arrivals import open_loop_offsets, user_starts
 from .config import LoadgenConfig
 from .replies import Outcome, Record, StreamTimer, failed, json_outcome
 from .workload import Conversation, Request, Workload
@@ -21,32 +23,31 @@ from .workload import Conversation, Request, Workload
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
-def arrivals(rate: float, kind: str, seed: str, phase: float = 0.0) -> Iterator[float]:
-    """Send offsets in seconds from the start: Poisson (exponential gaps) or evenly spaced."""
-    rng = random.Random(seed)
-    t = phase
-    i = 0
-    while True:
-        yield t
-        i += 1
-        # Constant: computed from the index, so float error does not accumulate into an extra slot.
-        t = t + rng.expovariate(rate) if kind == "poisson" else phase + i / rate
-
-
 async def send(session: aiohttp.ClientSession, url: str, req: Request, cfg: LoadgenConfig) -> Outcome:
-    start = time.perf_counter()
-    try:
-        async with session.post(url, data=req.wire, headers=JSON_HEADERS) as resp:
-            if cfg.streaming and resp.status == 200:
-                timer = StreamTimer()
-                async for line in resp.content:
-                    timer.feed_line(line, time.perf_counter())
-                return timer.outcome(start, time.perf_counter())
-            raw = await resp.read()
-            end = time.perf_counter()
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        return failed(type(exc).__name__)
-    return json_outcome(resp.status, raw, (end - start) * 1000)
+    for attempt in (1, 2):
+        start = time.perf_counter()
+        trace = {"reused": False}  # set by trace_reuse() when the request went out on a pooled connection
+        answered = False
+        try:
+            async with session.post(
+                url, data=req.wire, headers=JSON_HEADERS, trace_request_ctx=trace
+            ) as resp:
+                answered = True
+                if cfg.streaming and resp.status == 200:
+                    timer = StreamTimer()
+                    async for line in resp.content:
+                        timer.feed_line(line, time.perf_counter())
+                    return timer.outcome(start, time.perf_counter())
+                raw = await resp.read()
+                end = time.perf_counter()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            # A kept-alive connection the server had closed (llama-server does after a stream): the request
+            # never reached it, so it goes once more on a new connection, as the proxy does (upstream.py).
+            if attempt == 1 and not answered and _retryable(exc, trace["reused"], req.wire):
+                continue
+            return failed(type(exc).__name__)
+        return json_outcome(resp.status, raw, (end - start) * 1000)
+    raise AssertionError("unreachable")
 
 
 class Engine:
@@ -83,12 +84,14 @@ class Engine:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
         timeout = aiohttp.ClientTimeout(total=c.timeout_seconds)
         headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else None
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=timeout, headers=headers, trace_configs=[trace_reuse()]
+        ) as session:
             self._session = session
             if c.warmup:
                 await self._warmup(self._share(c.warmup))
-            if c.request_rate is not None:
-                await self._open_loop(c.request_rate / self.workers, ready)
+            if c.request_rate is not None or c.trace is not None:  # a trace brings its own send times
+                await self._open_loop(ready)
             else:
                 if ready:
                     ready()
@@ -124,6 +127,7 @@ class Engine:
             latency_ms=out.latency_ms,
             ttft_ms=out.ttft_ms,
             itl_ms=out.itl_ms,
+            cached_prompt_tokens=out.cached_tokens,
         )
         self.records.append(rec)
         if self.on_done and not warmup:
@@ -158,7 +162,9 @@ class Engine:
             sent += 1
             return True
 
-        async def user() -> None:
+        async def user(delay: float) -> None:
+            if delay:  # a concurrency ramp: this user joins later
+                await asyncio.sleep(delay)
             while take():
                 conv, req = self.new_conversation()
                 while True:
@@ -167,23 +173,19 @@ class Engine:
                         break
                     req = self.workload.follow_up(conv, reply)
 
-        await asyncio.gather(*(user() for _ in range(users)))
+        last = self._share(int(self.cfg.ramp_to)) if self.cfg.ramp_to else users
+        await asyncio.gather(*(user(d) for d in user_starts(self.cfg, users, last)))
 
-    def _slots(self, rate: float) -> list[float]:
-        c = self.cfg
-        phase = self.worker / (rate * self.workers) if c.arrival == "constant" else 0.0
-        gen = arrivals(rate, c.arrival, f"{c.seed}/arrivals/{self.worker}", phase)
-        if c.request_count is not None:
-            return [next(gen) for _ in range(self._share(c.request_count))]
-        out: list[float] = []
-        for t in gen:
-            if t >= (c.duration or 0):
-                return out
-            out.append(t)
-        return out
+    def _slots(self) -> list[float]:
+        own = self.workload.offsets(self.worker, self.workers)
+        if own is not None:
+            return own
+        count = self.cfg.request_count
+        share = None if count is None else self._share(count)
+        return open_loop_offsets(self.cfg, self.worker, self.workers, share)
 
-    async def _open_loop(self, rate: float, ready: Callable[[], None] | None) -> None:
-        slots = self._slots(rate)
+    async def _open_loop(self, ready: Callable[[], None] | None) -> None:
+        slots = self._slots()
         # First turns are built before the clock starts; later turns when their reply arrives.
         first = self.cfg.turns == 1
         prebuilt = deque(self.new_conversation() for _ in range(len(slots) if first else min(len(slots), 64)))

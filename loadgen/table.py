@@ -106,6 +106,22 @@ def _turn_table(r: LoadgenReport) -> Table:
     return tt
 
 
+def _cache_table(r: LoadgenReport) -> Table:
+    """Per turn, the share of prompt tokens the server served from its prefix cache (its usage says so).
+    With a cache-bust marker only the part before it can be shared by another conversation or run."""
+    target = r.config.get("cache_bust", "none")
+    ct = Table(title=f"prefix cache: prompt tokens the server served from its cache (--cache-bust {target})")
+    for col in ("turn", "requests reporting", "cached tokens (mean)", "prompt tokens (mean)", "share cached"):
+        ct.add_column(col, justify="right")
+    rows = [(str(s.turn), s.cache) for s in r.turns] + [("all", r.cache)]
+    for name, c in rows:
+        if c is None or not c.reported:
+            continue
+        ct.add_row(name, str(c.reported), _f(c.cached_tokens / c.reported), _f(c.prompt_tokens / c.reported),
+                   _pct(c.share))  # fmt: skip
+    return ct
+
+
 def _latency_table(r: LoadgenReport) -> Table:
     lt = Table(title="latency (ms)")
     for col in ("", "mean", "p50", "p90", "p99", "max", "n"):
@@ -138,6 +154,8 @@ def print_report(console: Console, r: LoadgenReport) -> None:
         )
     if len(r.turns) > 1:
         console.print(_turn_table(r))
+    if r.cache is not None and r.cache.reported:  # vLLM reports it with --enable-prompt-tokens-details
+        console.print(_cache_table(r))
     console.print(_latency_table(r))
     console.print(
         f"requests {r.requests} (ok {r.succeeded}, failed {r.failed}, warmup excluded {r.warmup_excluded}) in "

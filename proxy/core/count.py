@@ -3,18 +3,21 @@
 One orchestrator, `count(encoder, endpoint, body)`, over an `Encoder` (core/encoders.py): the reference
 encoder calls the tokenizer for every step; the fast encoder (core/fast.py) answers the same questions from
 caches and shortcuts it proved equal at load. Both go through the same steps here, so their results are
-equal by construction. Pure (a tokenizer in, a frozen result out, no I/O) and total: `count` never raises;
-anything it cannot count exactly comes back as a result with a `fallback_reason`.
+equal by construction. Pure (a tokenizer in, a frozen result out, no I/O). What the request causes comes
+back as a result with a `fallback_reason` (a body that is not a request, a template that refuses it); an
+exception out of `count` is an islwatch bug, left for the caller's boundary to count (server/analyzer.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 from .encoders import ReferenceEncoder
 from .endpoints import Endpoint
 from .extract import ChatInput, PromptInput, chat_input, prompt_input, responses_input
+from .images import ImageModel, count_images
 from .messages import InvalidBody
 
 # method: how expected_server was obtained
@@ -28,16 +31,19 @@ NONE = "none"
 NO_TEMPLATE = "no_template"
 TEMPLATE_ERROR = "template_error"
 INVALID_BODY = "invalid_body"
-TOKENIZER_ERROR = "tokenizer_error"
+
+# proxy/, as imported (tracebacks name files by the path they were imported from): islwatch's own code.
+_PACKAGE = str(Path(__file__).parents[1])
 
 
 class Encoder(Protocol):
-    """What counting asks of a tokenizer. Every method may raise; `count` turns errors into reasons."""
+    """What counting asks of a tokenizer. Only `render` may raise for the request's sake (the template)."""
 
     template: str | None  # the chat template the server renders with
     parts_format: bool  # messages reach the template as part lists (vLLM's "openai" content format)
     developer_role: bool  # the template knows the developer role (vLLM converts it to system otherwise)
     bos_text: str | None
+    images: ImageModel | None  # what the server makes of images (core/vision.py); None: images unmodelled
 
     def texts_len(self, texts: list[str]) -> int:
         """Tokens of each text encoded alone without special tokens, summed (the bare count)."""
@@ -68,6 +74,13 @@ class CountResult:
     prompts: tuple[int, ...] = ()  # per-prompt counts for completions / embeddings
     bos_prefixed_prompt: bool = False  # a completions prompt already starting with BOS text
     detail: str | None = None  # short, content-free reason text (exception class, field name)
+    image_tokens: tuple[int, ...] = ()  # per image whose tokens are in templated / expected_server
+    image_outcomes: dict[str, int] = field(default_factory=dict)  # images by core.images outcome
+
+    @property
+    def unpredicted_media(self) -> int:
+        """Media parts whose tokens the expected count leaves out (the `media` drift cause)."""
+        return sum(self.media_parts.values()) - len(self.image_tokens)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +96,8 @@ class CountResult:
             "prompts": list(self.prompts),
             "bos_prefixed_prompt": self.bos_prefixed_prompt,
             "detail": self.detail,
+            "image_tokens": list(self.image_tokens),
+            "image_outcomes": dict(self.image_outcomes),
         }
 
 
@@ -100,19 +115,40 @@ def bare_result(chat: ChatInput, endpoint: str, bare: int) -> CountResult:
     )
 
 
+def _raised_in_islwatch(exc: BaseException) -> bool:
+    """The innermost frame of the traceback is islwatch's code, not transformers', jinja2's or the template's."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE)
+
+
 def count_chat(enc: Encoder, chat: ChatInput, endpoint: str) -> CountResult:
-    # A bare-count error escapes (tokenizer_error); a render or encode error is a template_error.
     fallback = bare_result(chat, endpoint, enc.texts_len(chat.texts))
     if enc.template is None:
         return replace(fallback, fallback_reason=NO_TEMPLATE)
     try:
         rendered = enc.render(chat)
-        templated = enc.rendered_len(rendered)
-        # vLLM's `add_special_tokens` chat extension: the rendered text is encoded with special tokens.
-        expected = enc.encode_len(rendered, True) if chat.add_special_tokens else templated
-    except Exception as exc:  # templates raise anything: TemplateError, TypeError, KeyError...
+    except Exception as exc:
+        # The template runs the model's Jinja on client data and refuses requests with anything (jinja2's
+        # TemplateError, raise_exception(), a TypeError for a kwarg it clashes with): the server answers 400
+        # too (vLLM's chat_utils wraps it in a ValueError). What islwatch's own code raises is a bug.
+        if _raised_in_islwatch(exc):
+            raise
         return replace(fallback, fallback_reason=TEMPLATE_ERROR, detail=type(exc).__name__)
-    return replace(fallback, templated=templated, expected_server=expected, method=CHAT_TEMPLATE)
+    # Each image's placeholder is in the rendered text; the server replaces it with the image's tokens.
+    images = count_images(enc.images, chat.images, chat.mm_processor_kwargs)
+    templated = enc.rendered_len(rendered) + images.extra
+    # vLLM's `add_special_tokens` chat extension: the rendered text is encoded with special tokens.
+    expected = enc.encode_len(rendered, True) + images.extra if chat.add_special_tokens else templated
+    return replace(
+        fallback,
+        templated=templated,
+        expected_server=expected,
+        method=CHAT_TEMPLATE,
+        image_tokens=images.tokens,
+        image_outcomes=dict(images.outcomes),
+    )
 
 
 def count_prompts(enc: Encoder, inp: PromptInput, endpoint: str) -> CountResult:
@@ -157,7 +193,7 @@ def parse(endpoint: str, body: Any, parts_format: bool, developer_role: bool) ->
 
 
 def uncounted(endpoint: str, reason: str, detail: str) -> CountResult:
-    """A request that could not be counted at all (not a request, or the tokenizer failed)."""
+    """A request that could not be counted at all (not a request of its endpoint)."""
     return CountResult(
         endpoint=str(endpoint),
         bare=None,
@@ -170,19 +206,16 @@ def uncounted(endpoint: str, reason: str, detail: str) -> CountResult:
 
 
 def count(enc: Encoder, endpoint: str, body: Any) -> CountResult:
-    """Count one parsed request body. Never raises."""
+    """Count one parsed request body. Raises only on an islwatch bug (module docstring)."""
     try:
         inp = parse(endpoint, body, enc.parts_format, enc.developer_role)
     except InvalidBody as exc:
         return uncounted(endpoint, INVALID_BODY, str(exc))
-    try:
-        if isinstance(inp, ChatInput):
-            return count_chat(enc, inp, str(endpoint))
-        return count_prompts(enc, inp, str(endpoint))
-    except Exception as exc:
-        return uncounted(endpoint, TOKENIZER_ERROR, type(exc).__name__)
+    if isinstance(inp, ChatInput):
+        return count_chat(enc, inp, str(endpoint))
+    return count_prompts(enc, inp, str(endpoint))
 
 
-def count_request(tok: Any, endpoint: str, body: Any) -> CountResult:
-    """`count` with the reference encoder: every step is the tokenizer's own call. Never raises."""
-    return count(ReferenceEncoder(tok), endpoint, body)
+def count_request(tok: Any, endpoint: str, body: Any, images: ImageModel | None = None) -> CountResult:
+    """`count` with the reference encoder: every step is the tokenizer's own call."""
+    return count(ReferenceEncoder(tok, images), endpoint, body)

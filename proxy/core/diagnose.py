@@ -13,8 +13,9 @@ Checks run in this order; the first that applies wins (see the README, "Live dia
 
 1. `unknown`              no server count, no reference count, or a result the proxy could not count;
 2. `exact`                difference 0;
-3. `media`                the request carried media parts: the server expands them into model-specific
-                          placeholder tokens the text tokenizer cannot model, so any difference is expected;
+3. `media`                the request carried media parts whose tokens islwatch did not predict (images by
+                          URL, video, audio, images of a model without a rule: core/images.py): the server
+                          expands them into placeholder tokens, so any difference is expected;
 4. `tools_unmodeled`      the request carried tools: servers render tools in their own way (tool parsers,
                           grammar prompts), so any difference is expected; checked before the arithmetic
                           signatures because an unmodeled amount makes them coincidences;
@@ -161,7 +162,7 @@ def _classify(result: CountResult, server: int, profile: DriftProfile) -> str:
     diff = server - reference
     if diff == 0:
         return EXACT
-    if result.media_parts:
+    if result.unpredicted_media:
         return MEDIA
     if result.tools:
         return TOOLS_UNMODELED
@@ -183,11 +184,9 @@ def _classify(result: CountResult, server: int, profile: DriftProfile) -> str:
 
 
 def classify(result: CountResult, server_tokens: int, profile: DriftProfile) -> str:
-    """The cause of `server_tokens − reference` for one request: one of `CAUSES`. Pure; never raises."""
-    try:
-        return _classify(result, server_tokens, profile)
-    except Exception:  # the one boundary that must never fail: a malformed result is simply unexplained
-        return UNKNOWN
+    """The cause of `server_tokens − reference` for one request: one of `CAUSES`. Pure. A server count that
+    is not an int is `unknown`; a malformed result or profile is an islwatch bug and raises."""
+    return _classify(result, server_tokens, profile)
 
 
 def with_server_parity(cause: str, server_parity_ok: bool | None) -> str:

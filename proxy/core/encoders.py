@@ -9,12 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from .extract import ChatInput
+from .images import ImageModel
 from .tokens import bos_text, developer_role, encode_len, parts_format, render_chat, template_of, texts_len
 
 
 class ReferenceEncoder:
-    def __init__(self, tok: Any) -> None:
+    def __init__(self, tok: Any, images: ImageModel | None = None) -> None:
         self.tok = tok
+        self.images = images  # core/vision.py load_image_model; None: images stay unmodelled
         self.template = template_of(tok)
         self.parts_format = parts_format(tok)
         self.developer_role = developer_role(tok)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .images import image_sources
 from .messages import InvalidBody, developer_as_system, prepare_message, vllm_tool
 
 
@@ -27,6 +28,8 @@ class ChatInput:
     continue_final_message: bool = False
     add_special_tokens: bool = False  # vLLM's chat extension; True re-adds BOS on the rendered text
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    images: tuple[str | None, ...] = ()  # each image part's URL (core/images.py image_sources)
+    mm_processor_kwargs: Any = None  # the request's, for the server's image processor
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ def _chat_from_messages(
         continue_final_message=bool(body.get("continue_final_message", False)),
         add_special_tokens=bool(body.get("add_special_tokens", False)),
         template_kwargs={k: v for k, v in kwargs.items() if k not in _NAMED},
+        images=image_sources(messages) if media.get("image") else (),
+        mm_processor_kwargs=body.get("mm_processor_kwargs"),
     )
 
 
@@ -118,7 +123,7 @@ def _responses_items(items: list[Any]) -> list[dict[str, Any]]:
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
         else:
-            raise InvalidBody(f"unsupported responses input item {kind!r}")
+            raise InvalidBody("unsupported responses input item type")  # the reason is logged: no client text
     return messages
 
 

@@ -40,6 +40,7 @@ from tokenizers import Tokenizer
 from .count import Encoder
 from .encoders import ReferenceEncoder
 from .extract import ChatInput
+from .images import ImageModel
 from .lru import Lru, digest
 from .tokens import render_messages
 
@@ -68,8 +69,10 @@ SAMPLE_TEXTS = (
 class FastEncoder(ReferenceEncoder):
     """`count(FastEncoder(tok), endpoint, body)` returns what `count_request(tok, endpoint, body)` returns."""
 
-    def __init__(self, tok: Any, cache_entries: int = DEFAULT_CACHE_ENTRIES) -> None:
-        super().__init__(tok)
+    def __init__(
+        self, tok: Any, cache_entries: int = DEFAULT_CACHE_ENTRIES, images: ImageModel | None = None
+    ) -> None:
+        super().__init__(tok, images)
         self._texts = Lru(cache_entries)
         self._pieces = Lru(cache_entries)
         self._backend = _private_backend(tok)
@@ -233,10 +236,12 @@ def _plain(chat: ChatInput) -> bool:
     return all(m.keys() <= _PLAIN_KEYS and all(type(v) is str for v in m.values()) for m in chat.messages)
 
 
-def best_encoder(tok: Any, cache_entries: int = DEFAULT_CACHE_ENTRIES) -> Encoder:
+def best_encoder(
+    tok: Any, cache_entries: int = DEFAULT_CACHE_ENTRIES, images: ImageModel | None = None
+) -> Encoder:
     """The fast encoder where any of its steps is proven for this tokenizer, else the reference encoder."""
-    fast = FastEncoder(tok, cache_entries)
-    return fast if fast.direct_proven or fast.render_proven else ReferenceEncoder(tok)
+    fast = FastEncoder(tok, cache_entries, images)
+    return fast if fast.direct_proven or fast.render_proven else ReferenceEncoder(tok, images)
 
 
 def _compiled_template(tok: Any, template: str | None) -> tuple[Any, dict[str, Any]]:

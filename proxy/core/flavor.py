@@ -1,9 +1,10 @@
 """Server flavors: what a particular server does to a request before it tokenizes it.
 
-The counting core mirrors vLLM (and SGLang / TGI, which render with the model's own Jinja template through
-transformers). llama.cpp's `llama-server` departs from that in a few documented ways (README, "Tested against
-llama.cpp"); with `server_flavor: llama.cpp` islwatch predicts llama-server's count instead, and every
-text-only chat request is exact there too. Pure functions; the tokenizer copy is made once, at load time.
+The counting core mirrors vLLM. SGLang renders the same templates through transformers but prepares the
+request its own way: `server_flavor: sglang` follows it (core/sglang.py, SGLang 0.5.23). llama.cpp's
+`llama-server` departs from that in a few documented ways (README, "Tested against llama.cpp"); with
+`server_flavor: llama.cpp` islwatch predicts llama-server's count instead, and every text-only chat request
+is exact there too. Pure functions; the tokenizer copy is made once, at load time.
 
 Modelled on llama.cpp 0.5.0-dev (commit 0c1e570, the llama-cpp-python 0.3.36 sdist).
 """
@@ -20,6 +21,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from .count import CountResult, Encoder, count
+from .sglang import count_sglang
 
 _UNICODE_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD"}
 
@@ -155,6 +157,8 @@ def reported_prompt_tokens(
 def count_as(flavor: str, enc: Encoder, endpoint: str, body: Any, streamed: bool) -> CountResult:
     """What the flavor's server counts for this request: its preparation of the body, then the one
     counting path, then how it reports the usage of several prompts. Never raises."""
+    if flavor == "sglang":  # its own chat preparation (core/sglang.py); other endpoints as vLLM's
+        return count_sglang(enc, endpoint, body)
     result = count(enc, endpoint, prepare_body(flavor, endpoint, body))
     reported = reported_prompt_tokens(flavor, endpoint, result.prompts, streamed)
     return result if reported is None else replace(result, expected_server=reported)

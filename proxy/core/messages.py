@@ -49,7 +49,7 @@ def _part_kind(part: Any) -> str:
         return "text"
     if kind in MEDIA_KINDS:
         return MEDIA_KINDS[kind]
-    raise InvalidBody(f"unknown content part type {kind!r}")
+    raise InvalidBody("unknown content part type")  # never the type itself: the reason is logged
 
 
 def _part_text(part: Any) -> str:

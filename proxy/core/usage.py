@@ -23,21 +23,24 @@ from typing import Any
 
 import orjson
 
-_USAGE_KEY = b'"usage"'
+from .buffers import USAGE_KEY as _USAGE_KEY
+from .buffers import LineSplitter
+
 # `"usage": null` as a field of a chunk, with the comma that joins it to its neighbour (either side).
 _NULL_USAGE_AFTER = re.compile(rb',\s*"usage"\s*:\s*null')
 _NULL_USAGE_BEFORE = re.compile(rb'"usage"\s*:\s*null\s*,?')
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
-# A partial line longer than this is not an SSE event we can use; dropping it bounds memory.
-MAX_LINE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
 class Usage:
+    """One response's usage; None where the server did not report the field (never guessed as 0)."""
+
     input_tokens: int
     output_tokens: int | None = None
     total_tokens: int | None = None
-    cached_tokens: int | None = None
+    cached_tokens: int | None = None  # prompt tokens served from the server's prefix cache
+    reasoning_tokens: int | None = None  # output tokens spent reasoning
 
 
 def _int(value: Any) -> int | None:
@@ -62,9 +65,21 @@ def usage_of(obj: Any) -> Usage | None:
     output = _int(usage.get("completion_tokens"))
     if output is None:
         output = _int(usage.get("output_tokens"))
-    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
-    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
-    return Usage(prompt, output, _int(usage.get("total_tokens")), cached)
+    # Chat/completions name the details `prompt_tokens_details` / `completion_tokens_details`, /v1/responses
+    # `input_tokens_details` / `output_tokens_details` (OpenAI API reference, the usage objects).
+    cached = _detail(usage, "prompt_tokens_details", "input_tokens_details", "cached_tokens")
+    reasoning = _detail(usage, "completion_tokens_details", "output_tokens_details", "reasoning_tokens")
+    return Usage(prompt, output, _int(usage.get("total_tokens")), cached, reasoning)
+
+
+def _detail(usage: dict[str, Any], chat_key: str, responses_key: str, field: str) -> int | None:
+    """A count inside a details object; None when the object or the field is absent or null (vLLM sends
+    `"completion_tokens_details": null` without a reasoning parser)."""
+    for key in (chat_key, responses_key):
+        details = usage.get(key)
+        if isinstance(details, dict) and (value := _int(details.get(field))) is not None:
+            return value
+    return None
 
 
 def _balanced_object(data: bytes, start: int) -> bytes | None:
@@ -152,19 +167,15 @@ class SSEUsageParser:
     """
 
     def __init__(self) -> None:
-        self._partial = b""
+        self._lines = LineSplitter()  # an over-long line (no usage event is) is skipped, never held
         self._usage: Usage | None = None
         self._final: Usage | None = None
         self._per_choice: dict[int, Usage] = {}
         self.events = 0
 
     def feed(self, chunk: bytes) -> None:
-        data = self._partial + chunk if self._partial else chunk
-        start = 0
-        while (end := data.find(b"\n", start)) >= 0:
-            self._line(data[start:end])
-            start = end + 1
-        self._partial = data[start:] if len(data) - start <= MAX_LINE_BYTES else b""
+        for line in self._lines.split(chunk)[1]:
+            self._line(line)
 
     def _line(self, line: bytes) -> None:
         if _USAGE_KEY not in line:
@@ -187,17 +198,25 @@ class SSEUsageParser:
             self._per_choice[index] = usage
 
     def result(self) -> Usage | None:
-        if self._partial:  # a last event without its newline: servers do end streams that way
-            self._line(self._partial)
-            self._partial = b""
+        if rest := self._lines.rest():  # a last event without its newline: servers do end streams that way
+            self._line(rest)
         if self._final is None and len(self._per_choice) > 1:
-            parts = list(self._per_choice.values())
-            outputs = [u.output_tokens for u in parts]
-            return Usage(
-                sum(u.input_tokens for u in parts),
-                None if None in outputs else sum(o for o in outputs if o is not None),
-            )
+            return summed(list(self._per_choice.values()))
         return self._usage
+
+
+def summed(parts: list[Usage]) -> Usage:
+    """The usage of several prompts' parts: each field summed, None where any part lacks it."""
+
+    def total(values: list[int | None]) -> int | None:
+        return None if None in values else sum(v for v in values if v is not None)
+
+    return Usage(
+        sum(u.input_tokens for u in parts),
+        total([u.output_tokens for u in parts]),
+        cached_tokens=total([u.cached_tokens for u in parts]),
+        reasoning_tokens=total([u.reasoning_tokens for u in parts]),
+    )
 
 
 def is_usage_only_chunk(obj: Any) -> bool:
@@ -212,29 +231,35 @@ class SSEUsageStripper:
     with the blank line that ends its event) and `"usage": null` on every other chunk (OpenAI adds it when
     include_usage is set; removed byte-wise so the rest of the line stays byte-identical). Usage on a chunk
     that has choices is left alone: llama.cpp's completions finish chunk carries it with or without the
-    option. Works on whole lines, so a line is held back only until its newline arrives.
+    option. Works on whole lines, so a line is held back only until its newline arrives, and at most
+    `MAX_LINE_BYTES` of it (buffers.py): a longer line is passed on unchanged as its bytes arrive.
     """
 
     def __init__(self, parser: SSEUsageParser) -> None:
         self._parser = parser
-        self._partial = b""
+        self._lines = LineSplitter()
         self._drop_blank = False
+
+    @property
+    def held(self) -> int:
+        """Bytes received and not yet passed on (at most one line's worth, `MAX_LINE_BYTES`)."""
+        return self._lines.held
 
     def feed(self, chunk: bytes) -> bytes:
         self._parser.feed(chunk)
-        data = self._partial + chunk if self._partial else chunk
-        out: list[bytes] = []
-        start = 0
-        while (end := data.find(b"\n", start)) >= 0:
-            line = self._line(data[start:end])
-            if line is not None:
-                out.append(line + b"\n")
-            start = end + 1
-        self._partial = data[start:]
+        head, lines, tail = self._lines.split(chunk)
+        out = [head] if head else []
+        for line in lines:
+            kept = self._line(line)
+            if kept is not None:
+                out.append(kept + b"\n")
+        if tail:  # the start of an over-long line: not an event to strip, never held hostage
+            self._drop_blank = False
+            out.append(tail)
         return b"".join(out)
 
     def flush(self) -> bytes:
-        rest, self._partial = self._partial, b""
+        rest = self._lines.rest()
         line = self._line(rest) if rest else None
         return line or b""
 

@@ -1,8 +1,8 @@
 """The admin app: /metrics (prometheus_client's own aiohttp exposition: content negotiation, OpenMetrics and
-gzip included), /healthz, /readyz (200 only while every tokenizer is loaded: the proxy relays either way,
-but says when it is not measuring; with `upstream_health_path`, also only while the upstream's health path
-answers 200, so a server bound to loopback in the pod is probed through islwatch), POST /reload (also on
-SIGHUP).
+gzip included), /healthz, /readyz (200 only while every tokenizer is loaded and an analysis worker runs with
+them: the proxy relays either way, but says when it is not measuring, and why, in `analysis`; with
+`upstream_health_path`, also only while the upstream's health path answers 200, so a server bound to
+loopback in the pod is probed through islwatch), POST /reload (also on SIGHUP).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 
 from proxy.server.metrics import Metrics
 from proxy.server.pool import AnalysisPool
+from proxy.server.processes import WorkerExited
 from proxy.server.server_probe import ServerProbe
 
 log = logging.getLogger("islwatch.proxy")
@@ -80,7 +81,12 @@ async def readyz(request: web.Request) -> web.Response:
     pool = request.app[POOL]
     models = {r.label: ("error: " + r.error if r.error else "loaded") for r in pool.reports}
     upstream = await upstream_state(request.app)
-    body: dict[str, object] = {"tokenizers": models}
+    problem = pool.problem()
+    body: dict[str, object] = {"tokenizers": models, "workers_live": pool.workers_loaded}
+    if problem is not None:
+        body["analysis"] = problem[1]
+    if pool.changed_on_restart:  # measuring, but not every worker runs the same tokenizer until a reload
+        body["tokenizer_changed_on_restart"] = sorted(pool.changed_on_restart)
     if PROBE in request.app:  # the probe's verdict per model: information, never a reason to be unready
         parity = request.app[METRICS].server_parity
         body["server_parity"] = {
@@ -88,9 +94,9 @@ async def readyz(request: web.Request) -> web.Response:
         }
     if upstream is not None:
         body["upstream"] = upstream
-    if pool.ready and upstream in (None, "ok"):
+    if problem is None and upstream in (None, "ok"):
         return web.json_response({"status": "ready", **body})
-    status = "upstream_not_ready" if pool.ready else "loading" if not models else "error"
+    status = "upstream_not_ready" if problem is None else problem[0]
     return web.json_response({"status": status, **body}, status=503)
 
 
@@ -99,7 +105,11 @@ async def reload_tokenizers(admin: web.Application) -> tuple[bool, dict[str, str
     async with admin[RELOAD_LOCK]:
         pool = admin[POOL]
         log.info("reloading tokenizers")
-        reports = await pool.reload()
+        try:
+            reports = await pool.reload()
+        except WorkerExited as exc:  # a new worker crashed while loading: the current ones keep serving
+            log.error("reload failed: %s", exc)
+            return False, {label: f"error: {exc}" for label in {r.label for r in pool.reports}}
     result = {r.label: ("error: " + r.error if r.error else "loaded") for r in reports}
     return all(not r.error for r in reports), result
 

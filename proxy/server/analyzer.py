@@ -20,17 +20,20 @@ from proxy.core.count import INVALID_BODY, NO_TEMPLATE, CountResult, Encoder
 from proxy.core.diagnose import DriftProfile, build_profile, classify
 from proxy.core.fast import best_encoder
 from proxy.core.flavor import count_as, flavored_tokenizer
+from proxy.core.images import COUNTED, UNMODELED, ImageModel
 from proxy.core.probe import our_ids, probes
 from proxy.core.tokenizer import LoadedTokenizer, TokenizerLoadError, load_tokenizer
-from proxy.core.usage import usage_from_json_bytes
+from proxy.core.usage import Usage, usage_from_json_bytes
+from proxy.core.vision import image_model_for
 from proxy.parity.gate import startup_self_check
 from proxy.server.dump import MismatchDumper
+from proxy.server.problems import traceback_line
 from proxy.server.records import DEFAULT_KEY, DEFAULT_LABEL, AnalysisJob, AnalysisOutcome, TokenizerReport
 
 log = logging.getLogger("islwatch.analysis")
 
 # Fallback reasons that mean "counted without the template" (exported in islwatch_fallback_total).
-_FALLBACKS_COUNTED = ("no_template", "template_error", "tokenizer_error")
+_FALLBACKS_COUNTED = ("no_template", "template_error")
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class AnalysisSpec:
     dump_dir: str | None = None
     dump_max: int = 100
     server_flavor: str = "vllm"
+    mm_processor_kwargs: dict[str, Any] | None = None  # the server's --mm-processor-kwargs (image counts)
+    trust_request_mm_kwargs: bool = False  # the server runs with --trust-request-mm-kwargs
 
     def to_json(self) -> str:
         return orjson.dumps(asdict(self)).decode()
@@ -52,6 +57,13 @@ class AnalysisSpec:
         fields = orjson.loads(text)
         fields["tokenizers"] = tuple((str(k), str(v)) for k, v in fields["tokenizers"])
         return cls(**fields)
+
+
+@dataclass
+class _Stage:
+    """Where `Analyzer._analyze` is, for the error count when it raises (metrics.ANALYSIS_STAGES)."""
+
+    name: str = "count"
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,23 @@ class _Entry:
 
 def _label(key: str) -> str:
     return DEFAULT_LABEL if key == DEFAULT_KEY else key
+
+
+def _usage(job: AnalysisJob) -> Usage | None:
+    """The server's usage: read on the response path for a stream, here from the kept tail of a JSON answer."""
+    if job.server_usage is not None or job.response_json is None:
+        return job.server_usage
+    return usage_from_json_bytes(job.response_json)
+
+
+def _images_fields(result: CountResult) -> dict[str, Any]:
+    """Image outcomes for the metrics; a request counted without its template had no image counted."""
+    n = result.media_parts.get("image", 0)
+    if not n:
+        return {}
+    images = result.image_outcomes or {UNMODELED: n}
+    tokens = sum(result.image_tokens) if images.get(COUNTED) == n else None
+    return {"images": images, "image_tokens": tokens}
 
 
 def _match(result: CountResult, server: int | None) -> str:
@@ -93,9 +122,18 @@ class Analyzer:
                 continue
             counting_tok = flavored_tokenizer(loaded.tokenizer, spec.server_flavor)
             state.entries[key] = _Entry(
-                loaded, counting_tok, best_encoder(counting_tok), build_profile(counting_tok)
+                loaded,
+                counting_tok,
+                best_encoder(counting_tok, images=state._images(counting_tok)),
+                build_profile(counting_tok),
             )
         return state
+
+    def _images(self, tok: Any) -> ImageModel | None:
+        spec = self.spec
+        return image_model_for(
+            spec.server_flavor, tok, spec.mm_processor_kwargs, spec.trust_request_mm_kwargs
+        )
 
     def describe(self) -> list[TokenizerReport]:
         """Identities and the parity self-check, once per load (run by one worker)."""
@@ -123,10 +161,13 @@ class Analyzer:
     def analyze(self, job: AnalysisJob) -> AnalysisOutcome:
         """Never raises: an internal error becomes an outcome with `error` set."""
         start = time.perf_counter()
+        stage = _Stage()
         try:
-            fields = self._analyze(job)
-        except Exception as exc:  # the boundary that must never fail: counted by the caller
-            fields = {"error": f"internal error: {type(exc).__name__}"}
+            fields = self._analyze(job, stage)
+        except Exception as exc:  # the boundary that must never fail: an islwatch bug, never data
+            # Counted in islwatch_analysis_errors_total{stage} and logged (throttled) by the main process; the
+            # frames say where, the message is left out (it may quote the request).
+            fields = {"error": "internal error", "error_stage": stage.name, "detail": traceback_line(exc)}
         return AnalysisOutcome(
             endpoint=job.endpoint,
             model_label=job.model_label,
@@ -134,7 +175,7 @@ class Analyzer:
             **fields,
         )
 
-    def _analyze(self, job: AnalysisJob) -> dict[str, Any]:
+    def _analyze(self, job: AnalysisJob, stage: _Stage) -> dict[str, Any]:
         entry = self.entries.get(job.tokenizer_key)
         if entry is None:
             return {"error": "tokenizer not loaded"}
@@ -142,13 +183,14 @@ class Analyzer:
         result = count_as(self.spec.server_flavor, entry.encoder, job.endpoint, body, job.streamed)
         if result.fallback_reason == INVALID_BODY:
             return {"bad_reason": "not_a_request", "detail": result.detail}
-        server = job.server_tokens
-        if server is None and job.response_json is not None:
-            usage = usage_from_json_bytes(job.response_json)
-            server = usage.input_tokens if usage is not None else None
+        stage.name = "usage"
+        usage = _usage(job)
+        server = job.server_tokens if job.server_tokens is not None else usage.input_tokens if usage else None
         match = _match(result, server)
+        stage.name = "classify"
         cause = classify(result, server, entry.profile) if server is not None else None
         if match == "mismatch" and self._dumper is not None:
+            stage.name = "dump"
             self._dumper.write(self._dump_record(job, body, result, server, cause, entry))
         return {
             "bare": result.bare,
@@ -162,6 +204,10 @@ class Analyzer:
             else None,
             "detail": result.detail,
             "duplicate_bos_risk": result.bos_prefixed_prompt,
+            **_images_fields(result),
+            "output_tokens": usage.output_tokens if usage else None,
+            "cached_tokens": usage.cached_tokens if usage else None,
+            "reasoning_tokens": usage.reasoning_tokens if usage else None,
         }
 
     @staticmethod

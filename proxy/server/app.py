@@ -22,6 +22,8 @@ from prometheus_client import CollectorRegistry
 from proxy.server.admin import POOL, build_admin, reload_tokenizers
 from proxy.server.analyzer import AnalysisSpec
 from proxy.server.config import ProxyConfig
+from proxy.server.engine_metrics import EngineScraper
+from proxy.server.guard import Guard, Limits, ServerLog, ensure_fd_limit, track_requests
 from proxy.server.handler import CONTEXT, SESSION, ProxyContext, handle
 from proxy.server.inspect import Policy
 from proxy.server.metrics import build_metrics
@@ -45,6 +47,8 @@ def analysis_spec(config: ProxyConfig) -> AnalysisSpec:
         dump_dir=config.dump_mismatches,
         dump_max=config.dump_max,
         server_flavor=config.server_flavor,
+        mm_processor_kwargs=config.mm_processor_kwargs,
+        trust_request_mm_kwargs=config.trust_request_mm_kwargs,
     )
 
 
@@ -70,6 +74,7 @@ def build_apps(
         has_default_tokenizer=config.default_tokenizer is not None,
         max_body_bytes=config.max_body_bytes,
         inject_stream_usage=config.inject_stream_usage,
+        body_timeout=config.body_timeout_seconds,
     )
     context = ProxyContext(config.upstream, metrics, pool, policy, ProblemLog(log))
 
@@ -84,10 +89,14 @@ def build_apps(
                 task.cancel()
         await pool.close()
 
-    traffic = web.Application(client_max_size=config.max_body_bytes)
+    traffic = web.Application(client_max_size=config.max_body_bytes, middlewares=[track_requests])
     traffic[CONTEXT] = context
     traffic.cleanup_ctx.append(upstream_session(config.upstream_timeout_seconds))
     traffic.cleanup_ctx.append(analysis_pool)
+    if config.upstream_metrics_url:
+        interval = config.upstream_metrics_interval_seconds
+        scraper = EngineScraper(config.upstream_metrics_url, interval, metrics, context.problems)
+        traffic.cleanup_ctx.append(scraper.ctx)
     traffic.router.add_route("*", "/{tail:.*}", handle)
 
     health = config.upstream + config.upstream_health_path if config.upstream_health_path else None
@@ -133,26 +142,54 @@ class ProxyURLs(NamedTuple):
     admin_app: web.Application
 
 
-async def start_runners(
-    config: ProxyConfig, registry: CollectorRegistry | None = None
-) -> tuple[web.AppRunner, web.AppRunner, web.Application, int, int]:
+class Servers(NamedTuple):
+    traffic: web.AppRunner
+    listener: asyncio.Server  # the traffic socket, accepting through guard.Guard
+    admin: web.AppRunner
+    admin_app: web.Application
+    port: int
+    admin_port: int
+
+    async def stop(self) -> None:
+        self.listener.close()
+        await self.traffic.cleanup()  # closes the open connections (aiohttp's graceful shutdown)
+        await self.admin.cleanup()
+
+
+async def start_servers(config: ProxyConfig, registry: CollectorRegistry | None = None) -> Servers:
     traffic, admin = build_apps(config, registry)
+    context = traffic[CONTEXT]
+    server_log = ServerLog(context.metrics, context.problems)  # aiohttp's own lines, without content
     # handler_cancellation: a client that disconnects cancels its handler at once, which cancels the
     # upstream request (and the generation behind it) instead of waiting for the next chunk to fail.
-    runners = [web.AppRunner(traffic, handler_cancellation=True, access_log=None),
-               web.AppRunner(admin, access_log=None)]  # fmt: skip
-    ports = []
+    # keepalive_timeout: aiohttp closes a connection idle that long (also one that opens and sends nothing).
+    # auto_decompress=False: a `Content-Encoding: gzip` request body goes upstream as the client sent it
+    # (aiohttp's server would otherwise inflate it and the upstream would get plain bytes labelled gzip).
+    traffic_runner = web.AppRunner(
+        traffic, handler_cancellation=True, access_log=None, logger=server_log,
+        keepalive_timeout=config.idle_timeout_seconds, auto_decompress=False,
+    )  # fmt: skip
+    admin_runner = web.AppRunner(admin, access_log=None, logger=server_log)
+    listener: asyncio.Server | None = None
     try:
-        for runner, (host, port) in zip(runners, (config.listen_address, config.admin_address), strict=True):
-            await runner.setup()
-            site = web.TCPSite(runner, host, port, reuse_address=True)
-            await site.start()
-            ports.append(int(runner.addresses[-1][1]))
+        await traffic_runner.setup()
+        limits = Limits(config.header_timeout_seconds, config.body_timeout_seconds, config.max_connections)
+        assert traffic_runner.server is not None  # set by setup()
+        guard = Guard(traffic_runner.server, limits, context.metrics, context.problems)
+        host, port = config.listen_address
+        loop = asyncio.get_running_loop()
+        listener = await loop.create_server(guard, host, port, reuse_address=True, backlog=128)
+        await admin_runner.setup()
+        site = web.TCPSite(admin_runner, *config.admin_address, reuse_address=True)
+        await site.start()
     except BaseException:
-        for runner in runners:
-            await runner.cleanup()
+        if listener is not None:
+            listener.close()
+        await traffic_runner.cleanup()
+        await admin_runner.cleanup()
         raise
-    return runners[0], runners[1], admin, ports[0], ports[1]
+    port = int(listener.sockets[0].getsockname()[1])
+    return Servers(traffic_runner, listener, admin_runner, admin, port, int(admin_runner.addresses[-1][1]))
 
 
 @asynccontextmanager
@@ -167,7 +204,8 @@ async def run_proxy(
     Use port 0 in `listen`/`admin` to get free ports. With `wait_ready`, returns once the tokenizers are
     loaded (so every request in the block is analysed).
     """
-    traffic_runner, admin_runner, admin, port, admin_port = await start_runners(config, registry)
+    servers = await start_servers(config, registry)
+    admin, port, admin_port = servers.admin_app, servers.port, servers.admin_port
     host = config.listen_address[0]
     host = "127.0.0.1" if host in ("0.0.0.0", "") else host
     admin_host = config.admin_address[0]
@@ -183,15 +221,16 @@ async def run_proxy(
                 raise RuntimeError(f"proxy analysis not ready: {pool.reports}")
         yield ProxyURLs(f"http://{host}:{port}", f"http://{admin_host}:{admin_port}", admin)
     finally:
-        await traffic_runner.cleanup()
-        await admin_runner.cleanup()
+        await servers.stop()
 
 
 async def serve(config: ProxyConfig) -> None:
-    traffic, admin_runner, admin, port, admin_port = await start_runners(config)
+    ensure_fd_limit(config.max_connections)
+    servers = await start_servers(config)
+    admin = servers.admin_app
     log.info(
-        "relaying %s:%d -> %s; admin on %s:%d", config.listen_address[0], port, config.upstream,
-        config.admin_address[0], admin_port,
+        "relaying %s:%d -> %s; admin on %s:%d", config.listen_address[0], servers.port, config.upstream,
+        config.admin_address[0], servers.admin_port,
     )  # fmt: skip
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -211,5 +250,4 @@ async def serve(config: ProxyConfig) -> None:
     finally:
         for task in reloads:
             task.cancel()
-        await traffic.cleanup()
-        await admin_runner.cleanup()
+        await servers.stop()

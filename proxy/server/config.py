@@ -7,6 +7,7 @@ Every error names the key and where its value came from, and `islwatch proxy` ex
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from yarl import URL
 
-from proxy.core.specs import DEFAULT_TOKENIZER
+from proxy.core.specs import DEFAULT_TOKENIZER, ServerFlavor
 
 ENV_PREFIX = "ISLWATCH_"
 # A value for `tokenizer` that means: no default tokenizer, analyse only the models of `model_tokenizers`.
@@ -28,10 +29,12 @@ class ConfigError(Exception):
 
 
 def _host_port(value: str, key: str) -> tuple[str, int]:
+    """`HOST:PORT`; a missing host (`:9100`) means loopback: every interface must be asked for (`0.0.0.0`,
+    `[::]`), since POST /reload on the admin port has no authentication."""
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"{key} must be HOST:PORT (port 0-65535), got {value!r}")
-    return (host.strip("[]") or "0.0.0.0"), int(port)
+    return (host.strip("[]") or "127.0.0.1"), int(port)
 
 
 class ProxyConfig(BaseModel):
@@ -49,11 +52,19 @@ class ProxyConfig(BaseModel):
     analysis_queue: int = Field(default=256, ge=1)
     analysis_mode: Literal["process", "thread"] = "process"
     inject_stream_usage: bool = False
-    # Which server's request preparation to predict: vLLM (also SGLang, TGI) or llama.cpp's llama-server.
-    server_flavor: Literal["vllm", "llama.cpp"] = "vllm"
+    # Which server's request preparation to predict (proxy/core/flavor.py): vLLM, SGLang or llama-server.
+    server_flavor: ServerFlavor = "vllm"
     dump_mismatches: str | None = None
     dump_max: int = Field(default=100, ge=1)
     upstream_timeout_seconds: float = Field(default=600.0, gt=0)
+    # The traffic port's clients (proxy/server/guard.py): a request head must be complete this long after
+    # its first byte, a body may pause this long between bytes, an idle keep-alive connection (or one that
+    # sends nothing) is closed after this long (nginx: client_header_timeout, client_body_timeout 60 s,
+    # keepalive_timeout 75 s), and connections past the cap are closed when accepted.
+    header_timeout_seconds: float = Field(default=30.0, gt=0)
+    body_timeout_seconds: float = Field(default=60.0, gt=0)
+    idle_timeout_seconds: float = Field(default=75.0, gt=0)
+    max_connections: int = Field(default=1024, ge=1)
     # When set, /readyz is 200 only while GET upstream + this path answers 200 too (vLLM and llama-server:
     # /health), so a server bound to loopback inside the pod is probed through islwatch's admin port.
     upstream_health_path: str | None = None
@@ -61,6 +72,14 @@ class ProxyConfig(BaseModel):
     # after every reload and every interval. `auto` probes where /tokenize answers; `off` never sends one.
     server_probe: Literal["auto", "off"] = "auto"
     server_probe_interval_seconds: float = Field(default=600.0, gt=0)
+    # The engine's own Prometheus endpoint (vLLM, SGLang: the server's /metrics; llama-server with --metrics),
+    # scraped every interval; its token counters' increase since start is exported (engine_metrics.py).
+    upstream_metrics_url: str | None = None
+    upstream_metrics_interval_seconds: float = Field(default=15.0, gt=0)
+    # The server's --mm-processor-kwargs (a JSON object: min_pixels, max_pixels, size) and whether it runs with
+    # --trust-request-mm-kwargs: both change how many tokens an image costs (proxy/core/images.py).
+    mm_processor_kwargs: dict[str, Any] | None = None
+    trust_request_mm_kwargs: bool = False
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
 
     @field_validator("upstream")
@@ -72,6 +91,24 @@ class ProxyConfig(BaseModel):
         if url.query_string or url.fragment:
             raise ValueError("upstream must not carry a query or fragment")
         return value.rstrip("/")
+
+    @field_validator("upstream_metrics_url")
+    @classmethod
+    def _metrics_url(cls, value: str | None) -> str | None:
+        if value is not None and URL(value).scheme not in ("http", "https"):
+            raise ValueError(f"upstream_metrics_url must be an http(s) URL, got {value!r}")
+        return value or None
+
+    @field_validator("mm_processor_kwargs", mode="before")
+    @classmethod
+    def _json_object(cls, value: Any) -> Any:
+        """A JSON string (the environment, a flag) as vLLM's flag takes it; "" unsets it."""
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else None
+            except ValueError as exc:
+                raise ValueError(f"mm_processor_kwargs must be a JSON object: {exc}") from exc
+        return value
 
     @field_validator("upstream_health_path")
     @classmethod
@@ -113,6 +150,8 @@ class ProxyConfig(BaseModel):
 
 
 FIELDS = tuple(ProxyConfig.model_fields)
+# Optional keys an empty environment variable leaves unset.
+_EMPTY_IS_UNSET = ("dump_mismatches", "chat_template", "upstream_health_path", "upstream_metrics_url")
 
 
 def parse_model_tokenizers(items: list[str] | str) -> dict[str, str]:
@@ -150,7 +189,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
             value: Any = env[name]
             if key == "model_tokenizers":
                 value = parse_model_tokenizers(value)
-            elif key in ("dump_mismatches", "chat_template", "upstream_health_path") and value == "":
+            elif key in _EMPTY_IS_UNSET and value == "":
                 value = None
             out[key] = value
     return out

@@ -18,6 +18,8 @@ from typing import Any
 
 import orjson
 
+from proxy.server.problems import ProblemLog
+
 log = logging.getLogger("islwatch.dump")
 
 PREFIX = "mismatch-"
@@ -33,6 +35,7 @@ class MismatchDumper:
         self._lock = threading.Lock()  # analysis workers may run in threads
         self._seq = 0
         self._dir_ready = False
+        self._problems = ProblemLog(log)  # a full disk fails every dump: one line per 10 s
 
     def _ensure_dir(self) -> None:
         if self._dir_ready:
@@ -71,18 +74,15 @@ class MismatchDumper:
         self._prune()
 
     def write(self, record: dict[str, Any]) -> None:
-        """Dump one record. Never raises: a failure is logged in one line without the record's content."""
+        """Dump one record. A failure of the file system (full, not writable) is logged in one line without
+        the record's content; anything else is an islwatch bug and raises (the analysis boundary counts it)."""
         if self.max_files < 1:
             return
         try:
             with self._lock:
                 self._write(record)
-        except Exception as exc:  # the dumper sits on the analysis path, which must never fail
-            log.warning(
-                "mismatch dump to %s failed: %s: %s", self.directory, type(exc).__name__, _reason(exc)
-            )
-
-
-def _reason(exc: Exception) -> str:
-    # OSError's strerror carries no data; other messages might echo content, so only the class is safe.
-    return exc.strerror or "" if isinstance(exc, OSError) else ""
+        except OSError as exc:  # strerror carries no data (the path is the operator's directory)
+            self._problems(
+                "dump_failed", "mismatch dump to %s failed: %s: %s", self.directory, type(exc).__name__,
+                exc.strerror or "",
+            )  # fmt: skip

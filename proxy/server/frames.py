@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from proxy.core.usage import Usage
 from proxy.server.records import AnalysisJob, AnalysisOutcome
 
 # Parent -> worker, one frame per job: `<II` (header length, payload length), an orjson header, then the raw
@@ -20,9 +21,10 @@ READY = "ready"
 def encode_job(job: AnalysisJob) -> bytes:
     """One job frame (the body and response bytes are copied once, into the frame)."""
     resp = job.response_json
+    # orjson writes the Usage dataclass as an object; decode_job rebuilds it.
     header = orjson.dumps(
         (job.endpoint, job.model_label, job.tokenizer_key, job.server_tokens, job.streamed, len(job.body),
-         -1 if resp is None else len(resp))
+         -1 if resp is None else len(resp), job.server_usage)
     )  # fmt: skip
     size = len(job.body) + (0 if resp is None else len(resp))
     parts = [FRAME_HEAD.pack(len(header), size), header, job.body]
@@ -32,7 +34,8 @@ def encode_job(job: AnalysisJob) -> bytes:
 
 
 def decode_job(header: bytes, payload: bytes) -> AnalysisJob:
-    endpoint, model_label, tokenizer_key, server_tokens, streamed, body_len, resp_len = orjson.loads(header)
+    head = orjson.loads(header)
+    endpoint, model_label, tokenizer_key, server_tokens, streamed, body_len, resp_len, usage = head
     resp = None if resp_len < 0 else payload[body_len : body_len + resp_len]
     return AnalysisJob(
         endpoint=endpoint,
@@ -40,6 +43,7 @@ def decode_job(header: bytes, payload: bytes) -> AnalysisJob:
         tokenizer_key=tokenizer_key,
         body=payload[:body_len],
         server_tokens=server_tokens,
+        server_usage=Usage(**usage) if usage is not None else None,
         response_json=resp,
         streamed=streamed,
     )
@@ -48,7 +52,8 @@ def decode_job(header: bytes, payload: bytes) -> AnalysisJob:
 def encode_outcome(o: AnalysisOutcome) -> bytes:
     return orjson.dumps(
         (OUTCOME, o.endpoint, o.model_label, o.seconds, o.bare, o.templated, o.expected, o.server, o.match,
-         o.cause, o.fallback_reason, o.bad_reason, o.detail, o.duplicate_bos_risk, o.error)
+         o.cause, o.fallback_reason, o.bad_reason, o.detail, o.duplicate_bos_risk, o.error, o.output_tokens,
+         o.cached_tokens, o.reasoning_tokens, o.error_stage, o.images, o.image_tokens)
     ) + b"\n"  # fmt: skip
 
 

@@ -7,6 +7,7 @@ hand its analysis to the pool exactly once, client disconnects included. Nothing
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import aiohttp
@@ -38,51 +39,83 @@ SESSION = web.AppKey("session", aiohttp.ClientSession)
 
 async def handle(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
-    req = await inspect(request, ctx.policy, ctx.metrics, ctx.problems)
+    stage = "request"  # where a client that goes away left: islwatch_client_disconnects_total{stage}
+    try:
+        req = await inspect(request, ctx.policy, ctx.metrics, ctx.problems)
+    except asyncio.CancelledError:
+        _client_gone(ctx, stage)
+        raise
     status: int | None = None
     tap: UsageTap | None = None
     try:
+        stage = "upstream"
         try:
             upstream = await open_upstream(
                 request.app[SESSION], ctx.upstream, request, req.data, ctx.metrics.upstream_retried
             )
         except UpstreamFailed as exc:
             status = FAILURE_STATUS[exc.kind]
-            _upstream_failed(ctx, request, exc.kind, f"before a response ({exc})")
-            return error_response(exc)
+            _upstream_failed(ctx, req.endpoint_label, exc.kind, f"before a response ({exc})")
+            return _last_if_chunked(request, error_response(exc))
         async with upstream:
             status = upstream.status
             if status >= 500:
                 ctx.metrics.upstream_error("status_5xx")
             if req.tokenizer_key is not None and 200 <= status < 300:
-                tap = UsageTap(is_event_stream(upstream), req.injected, ctx.policy.max_body_bytes)
+                tap = UsageTap(is_event_stream(upstream), req.injected)
             response = client_response(upstream, req.injected and tap is not None and tap.streamed)
-            await response.prepare(request)
+            await _last_if_chunked(request, response).prepare(request)
+            stage = "response"
             if (kind := await relay(request, upstream, response, tap)) is not None:
-                _upstream_failed(ctx, request, kind, "mid-response")
+                _upstream_failed(ctx, req.endpoint_label, kind, "mid-response")
+            elif request.transport is None or request.transport.is_closing():
+                ctx.metrics.client_disconnected(stage)  # its connection reset as relay wrote to it
             return response
+    except asyncio.CancelledError:
+        _client_gone(ctx, stage)
+        raise
     finally:
         ctx.metrics.relayed(req.model_label, req.endpoint_label, status)
         if tap is not None:
             ctx.pool.submit(_job(req, tap))
 
 
-def _upstream_failed(ctx: ProxyContext, request: web.Request, kind: str, when: str) -> None:
+def _client_gone(ctx: ProxyContext, stage: str) -> None:
+    """A client that goes away cancels its handler (`handler_cancellation`, aiohttp's connection_lost). A
+    CancelledError the task was not asked for is guard.py ending a read it cut, counted there."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        ctx.metrics.client_disconnected(stage)
+
+
+def _last_if_chunked(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+    """After a chunked request the connection closes: aiohttp 3.14's C parser adds a chunked body's last
+    trailer field to the head of the next request on the connection (`_http_parser.pyx`:
+    `cb_on_message_begin` clears the field list, not the field still being read), so one client could
+    plant a header in the request that follows it (tests/reliability/test_smuggling.py). RFC 9112 9.6: a
+    server may close after any response; a pipelined request is then sent again by its client."""
+    if "chunked" in request.headers.get("Transfer-Encoding", "").lower():
+        response.force_close()
+    return response
+
+
+def _upstream_failed(ctx: ProxyContext, endpoint: str, kind: str, when: str) -> None:
     ctx.metrics.upstream_error(kind)
-    ctx.problems(
-        f"upstream_{kind}", "upstream %s failed %s for %s %s", kind, when, request.method, request.path
-    )
+    # The endpoint label, not the method and path: both are the client's to choose (logs carry no content).
+    ctx.problems(f"upstream_{kind}", "upstream %s failed %s for endpoint %s", kind, when, endpoint)
 
 
 def _job(req: Inspected, tap: UsageTap) -> AnalysisJob:
     assert req.endpoint is not None and req.tokenizer_key is not None
+    usage = tap.usage()
     return AnalysisJob(
         endpoint=req.endpoint,
         model_label=req.model_label,
         tokenizer_key=req.tokenizer_key,
         body=req.body,
         parsed=req.parsed,
-        server_tokens=tap.server_tokens(),
+        server_tokens=usage.input_tokens if usage is not None else None,
+        server_usage=usage,
         response_json=tap.response_json(),
         streamed=tap.streamed,
     )

@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 
 from proxy.core.endpoints import SHAPES, Endpoint, endpoint_of
+from proxy.server.guard import body_chunks
 from proxy.server.metrics import Metrics
 from proxy.server.problems import ProblemLog
 from proxy.server.records import NONE_LABEL, OTHER_ENDPOINT, route_model
@@ -27,6 +27,7 @@ class Policy:
     has_default_tokenizer: bool
     max_body_bytes: int
     inject_stream_usage: bool
+    body_timeout: float = 60.0  # longest wait for the next body bytes (guard.body_chunks)
 
 
 @dataclass(frozen=True)
@@ -44,11 +45,11 @@ class Inspected:
         return self.endpoint or OTHER_ENDPOINT
 
 
-async def read_limited(content: aiohttp.StreamReader, limit: int) -> tuple[bytes, bool]:
+async def read_limited(body: AsyncIterator[bytes], limit: int) -> tuple[bytes, bool]:
     """Read the body up to `limit` bytes: (bytes read, True if that is the whole body)."""
     chunks: list[bytes] = []
     size = 0
-    async for chunk in content.iter_any():
+    async for chunk in body:
         chunks.append(chunk)
         size += len(chunk)
         if size > limit:
@@ -56,9 +57,9 @@ async def read_limited(content: aiohttp.StreamReader, limit: int) -> tuple[bytes
     return b"".join(chunks), True
 
 
-async def _chain(prefix: bytes, rest: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+async def _chain(prefix: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     yield prefix
-    async for chunk in rest.iter_any():
+    async for chunk in rest:
         yield chunk
 
 
@@ -96,9 +97,12 @@ def wants_injection(obj: dict[str, Any]) -> bool:
 
 async def inspect(request: web.Request, policy: Policy, metrics: Metrics, problems: ProblemLog) -> Inspected:
     endpoint = endpoint_of(request.method, request.path)
-    if endpoint is None or not request.body_exists:
-        return Inspected(endpoint, request.content if request.body_exists else None)
-    body, complete = await read_limited(request.content, policy.max_body_bytes)
+    if not request.body_exists:
+        return Inspected(endpoint, None)
+    chunks = body_chunks(request, policy.body_timeout, metrics, problems)
+    if endpoint is None:
+        return Inspected(endpoint, chunks)
+    body, complete = await read_limited(chunks, policy.max_body_bytes)
     if not complete:
         metrics.bad_request("body_too_large")
         problems(
@@ -107,7 +111,7 @@ async def inspect(request: web.Request, policy: Policy, metrics: Metrics, proble
             endpoint,
             policy.max_body_bytes,
         )
-        return Inspected(endpoint, _chain(body, request.content))
+        return Inspected(endpoint, _chain(body, chunks))
     reason: str | None = "wrong_content_type"
     parsed: Any = None
     if json_content_type(request.headers.get("Content-Type")):

@@ -25,6 +25,7 @@ log = logging.getLogger("islwatch.metrics")
 
 # 1-2-5 steps from 1 to 1M tokens.
 ISL_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5) if m * 10**e <= 1_000_000)
+IMAGES_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 8.0, 10.0, 20.0, 50.0, 100.0)
 # server − expected: one bucket per token from −10 to +10 (the signatures of BOS, headers, system
 # prompts live there), wider beyond.
 DRIFT_BUCKETS = (
@@ -35,6 +36,9 @@ DRIFT_BUCKETS = (
 ANALYSIS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
 MATCH_RESULTS = ("exact", "mismatch", "no_server_count", "no_template")
+# islwatch_usage_fields_total{field}: the usage fields each answer did or did not report (README, "Usage").
+USAGE_FIELDS = ("prompt_tokens", "output_tokens", "cached_prompt_tokens", "reasoning_tokens")
+ENGINE_SCRAPE_RESULTS = ("ok", "error", "no_counters")
 BAD_REQUEST_REASONS = (
     "invalid_json",
     "not_a_request",
@@ -42,8 +46,17 @@ BAD_REQUEST_REASONS = (
     "non_utf8",
     "wrong_content_type",
     "unknown_model",
+    "malformed_head",  # the HTTP request head does not parse: answered 400 by the proxy (guard.ServerLog)
+    "malformed_body",  # the body's framing breaks (a chunk size that is not hex...): connection closed
 )
 UPSTREAM_ERROR_KINDS = ("connect", "timeout", "reset", "status_5xx")
+# Client connections the proxy closed (proxy/server/guard.py).
+CUT_REASONS = ("header_timeout", "body_timeout", "connection_cap")
+# Requests whose client went away (handler.py): while its body was read, before the upstream's answer
+# began, or while the answer was relayed.
+DISCONNECT_STAGES = ("request", "upstream", "response")
+# Where an analysis raised: an islwatch bug, never data (proxy/server/analyzer.py).
+ANALYSIS_STAGES = ("count", "usage", "classify", "dump", "frame")
 
 
 def _package_version() -> str:
@@ -65,15 +78,30 @@ class Metrics:
     analysis_dropped: Counter
     analysis_worker_exits: Counter
     analysis_queue_depth: Gauge
+    analysis_workers_live: Gauge
     fallback: Counter
     upstream_errors: Counter
     upstream_retries: Counter
     bad_requests: Counter
+    analysis_errors: Counter
+    proxy_errors: Counter
+    client_connections: Gauge
+    connections_cut: Counter
+    client_disconnects: Counter
     tokenizer_info: Gauge
     tokenizer_changes: Counter
     parity_ok: Gauge
     server_parity_ok: Gauge
     build_info: Gauge
+    output_tokens: Histogram
+    cached_prompt_tokens: Histogram
+    reasoning_tokens: Histogram
+    usage_fields: Counter
+    engine_tokens: Counter
+    engine_scrapes: Counter
+    image_tokens: Histogram
+    images_per_request: Histogram
+    images: Counter
     registry: CollectorRegistry
     # Labelled children by (metric, *label values): `.labels()` validates and locks on every call, and the
     # request path needs several per request. Label values are bounded (module docstring), so is this.
@@ -106,6 +134,15 @@ class Metrics:
     def upstream_retried(self) -> None:
         self.upstream_retries.inc()
 
+    def connection_cut(self, reason: str) -> None:
+        self.child(self.connections_cut, reason).inc()
+
+    def client_disconnected(self, stage: str) -> None:
+        self.child(self.client_disconnects, stage).inc()
+
+    def proxy_error(self) -> None:
+        self.proxy_errors.inc()
+
     # ---- analysis -----------------------------------------------------------------------------------------
 
     def dropped(self, n: int = 1) -> None:
@@ -119,9 +156,12 @@ class Metrics:
         self.analysis_seconds.observe(o.seconds)
         model, endpoint = o.model_label, o.endpoint
         if o.error:
+            if o.error_stage:  # an islwatch bug: counted, and one line with its frames (detail)
+                self.child(self.analysis_errors, o.error_stage).inc()
             problems(
-                "analysis_error", "model %s endpoint %s: %s", model, endpoint, o.error, level=logging.ERROR
-            )
+                f"analysis_error_{o.error_stage or 'state'}", "model %s endpoint %s: %s (%s)", model, endpoint,
+                o.error, o.detail or "-", level=logging.ERROR,
+            )  # fmt: skip
             return
         if o.bad_reason:
             self.bad_request(o.bad_reason)
@@ -131,6 +171,8 @@ class Metrics:
         for kind, value in (("bare", o.bare), ("templated", o.templated), ("server", o.server)):
             if value is not None:
                 child(self.isl_tokens, model, endpoint, kind).observe(value)
+        self._usage(o)
+        self._images(o, problems)
         if o.fallback_reason:
             child(self.fallback, model, o.fallback_reason).inc()
         if o.match:
@@ -150,6 +192,39 @@ class Metrics:
             child(self.drift, model, endpoint, cause).inc()
         if o.duplicate_bos_risk:
             child(self.duplicate_bos_risk, model, endpoint).inc()
+
+    def _images(self, o: AnalysisOutcome, problems: ProblemLog) -> None:
+        """A request's images: how many, what became of each (proxy/core/images.py), their tokens."""
+        if not o.images:
+            return
+        self.child(self.images_per_request, o.model_label, o.endpoint).observe(sum(o.images.values()))
+        for result, n in o.images.items():
+            self.child(self.images, o.model_label, o.endpoint, result).inc(n)
+        if o.image_tokens is not None:
+            self.child(self.image_tokens, o.model_label, o.endpoint).observe(o.image_tokens)
+        if o.images.get("unreadable"):
+            problems("image_unreadable", "model %s endpoint %s: an image's size could not be read (corrupt, "
+                     "unsupported format or too large): counted as media", o.model_label, o.endpoint)  # fmt: skip
+
+    def _usage(self, o: AnalysisOutcome) -> None:
+        """The rest of the answer's usage, and which of its fields the server reported at all."""
+        values = (o.server, o.output_tokens, o.cached_tokens, o.reasoning_tokens)
+        histograms = (None, self.output_tokens, self.cached_prompt_tokens, self.reasoning_tokens)
+        for field_name, histogram, value in zip(USAGE_FIELDS, histograms, values, strict=True):
+            self.child(self.usage_fields, o.model_label, field_name, str(value is not None).lower()).inc()
+            if histogram is not None and value is not None:
+                self.child(histogram, o.model_label, o.endpoint).observe(value)
+
+    # ---- the engine's own counters (engine_metrics.py) ----------------------------------------------------
+
+    def engine_counted(self, kind: str, engine: str, delta: float) -> None:
+        """Tokens the engine's own counters added since the last scrape (0 creates the series)."""
+        self.child(self.engine_tokens, kind, engine).inc(delta)
+
+    def engine_scraped(self, result: str | None) -> None:
+        """One scrape of the engine's /metrics; None pre-creates every result series (the scraper starts)."""
+        for name in ENGINE_SCRAPE_RESULTS if result is None else (result,):
+            self.child(self.engine_scrapes, name).inc(0 if result is None else 1)
 
     def tokenizers_loaded(self, reports: list[TokenizerReport]) -> None:
         """Identity, change and parity series for a (re)load; the load is logged one line per model."""
@@ -195,7 +270,7 @@ class Metrics:
         previous = self._identities.get(key)
         if previous is not None and previous != ident:
             self.tokenizer_changes.labels(model=label).inc()
-            log.warning("tokenizer identity changed for model %s on reload", label)
+            log.warning("tokenizer identity changed for model %s (a reload or a worker restart)", label)
         elif previous is None:
             self.tokenizer_changes.labels(model=label)  # a zero series, so an increase() alert can fire
         self._identities[key] = ident
@@ -253,6 +328,11 @@ def build_metrics(registry: CollectorRegistry, process_metrics: bool = True) -> 
         analysis_queue_depth=Gauge(
             "islwatch_analysis_queue_depth", "Analyses submitted and not yet finished", registry=r
         ),
+        analysis_workers_live=Gauge(
+            "islwatch_analysis_workers_live",
+            "Analysis workers running with their tokenizers loaded (0: nothing is measured)",
+            registry=r,
+        ),
         fallback=Counter(
             "islwatch_fallback",
             "Requests counted without the chat template (no template, template error, ...)",
@@ -268,7 +348,34 @@ def build_metrics(registry: CollectorRegistry, process_metrics: bool = True) -> 
             registry=r,
         ),
         bad_requests=Counter(
-            "islwatch_bad_requests", "Requests islwatch could not analyse, by reason", ["reason"], registry=r
+            "islwatch_bad_requests",
+            "Requests islwatch could not analyse (malformed ones are not relayed either), by reason",
+            ["reason"],
+            registry=r,
+        ),
+        analysis_errors=Counter(
+            "islwatch_analysis_errors",
+            "Analyses that raised (an islwatch bug, not the request's fault), by stage",
+            ["stage"],
+            registry=r,
+        ),
+        proxy_errors=Counter(
+            "islwatch_proxy_errors", "Requests whose handler raised (an islwatch bug): 500", registry=r
+        ),
+        client_connections=Gauge(
+            "islwatch_client_connections", "Client connections open on the traffic port", registry=r
+        ),
+        connections_cut=Counter(
+            "islwatch_client_connections_cut",
+            "Client connections the proxy closed: a head or body too slow, or over max_connections",
+            ["reason"],
+            registry=r,
+        ),
+        client_disconnects=Counter(
+            "islwatch_client_disconnects",
+            "Requests whose client went away before its answer ended, by stage (request, upstream, response)",
+            ["stage"],
+            registry=r,
         ),
         tokenizer_info=Gauge(
             "islwatch_tokenizer_info",
@@ -278,7 +385,7 @@ def build_metrics(registry: CollectorRegistry, process_metrics: bool = True) -> 
         ),
         tokenizer_changes=Counter(
             "islwatch_tokenizer_changes",
-            "Reloads that changed a model's tokenizer or template identity",
+            "Reloads or analysis worker restarts that changed a model's tokenizer or template identity",
             ["model"],
             registry=r,
         ),
@@ -295,6 +402,42 @@ def build_metrics(registry: CollectorRegistry, process_metrics: bool = True) -> 
             registry=r,
         ),
         build_info=Gauge("islwatch_build_info", "islwatch version (value 1)", ["version"], registry=r),
+        output_tokens=_per_request("islwatch_output_tokens", "Output tokens per request, from usage", r),
+        image_tokens=_per_request(
+            "islwatch_image_tokens", "Tokens the server puts in place of a request's images (all counted)", r
+        ),
+        images_per_request=Histogram(
+            "islwatch_images_per_request",
+            "Image parts per request with images",
+            ["model", "endpoint"],
+            buckets=IMAGES_BUCKETS,
+            registry=r,
+        ),
+        images=Counter(
+            "islwatch_images",
+            "Image parts by what islwatch made of them: counted, url, unreadable, unmodeled",
+            ["model", "endpoint", "result"],
+            registry=r,
+        ),
+        cached_prompt_tokens=_per_request(
+            "islwatch_cached_prompt_tokens", "Prompt tokens served from the prefix cache, from usage", r
+        ),
+        reasoning_tokens=_per_request("islwatch_reasoning_tokens", "Reasoning output tokens, from usage", r),
+        usage_fields=Counter(
+            "islwatch_usage_fields",
+            "Analysed answers by whether their usage reported a field (tells zero from not reported)",
+            ["model", "field", "present"],
+            registry=r,
+        ),
+        engine_tokens=Counter(
+            "islwatch_engine_tokens",
+            "Tokens the engine's own /metrics counted since islwatch started (--upstream-metrics-url)",
+            ["kind", "engine"],
+            registry=r,
+        ),
+        engine_scrapes=Counter(
+            "islwatch_engine_scrapes", "Scrapes of the engine's /metrics, by result", ["result"], registry=r
+        ),
         registry=r,
     )
     metrics.build_info.labels(version=_package_version()).set(1)
@@ -303,10 +446,20 @@ def build_metrics(registry: CollectorRegistry, process_metrics: bool = True) -> 
         metrics.bad_requests.labels(reason=reason)
     for kind in UPSTREAM_ERROR_KINDS:
         metrics.upstream_errors.labels(kind=kind)
+    for reason in CUT_REASONS:
+        metrics.connections_cut.labels(reason=reason)
+    for stage in DISCONNECT_STAGES:
+        metrics.client_disconnects.labels(stage=stage)
+    for stage in ANALYSIS_STAGES:
+        metrics.analysis_errors.labels(stage=stage)
     if process_metrics:
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
     return metrics
+
+
+def _per_request(name: str, doc: str, registry: CollectorRegistry) -> Histogram:
+    return Histogram(name, doc, ["model", "endpoint"], buckets=ISL_BUCKETS, registry=registry)
 
 
 def status_class(status: int | None) -> str:

@@ -4,8 +4,10 @@ Each worker is spoken to through two pipes, both driven by the event loop itself
 pickling): a job is one `write` of a frame holding the raw request bytes into a non-blocking pipe
 transport; outcomes come back as orjson lines (frames.py). A worker that dies is reported to the pool
 (`on_exit`, its unanswered jobs `on_lost`) and restarted, backing off when it keeps dying; traffic never
-waits for it. A reload builds a new generation and retires the old one, whose workers finish their queue
-and exit on end of input.
+waits for it. A restarted worker loads the tokenizers from disk again and reports them (identities, the
+parity self-check) through `on_restarted`, so a tokenizer changed on disk is noticed. `loaded` counts the
+workers that run with their tokenizers loaded; `trouble` says why none does. A reload builds a new
+generation and retires the old one, whose workers finish their queue and exit on end of input.
 """
 
 from __future__ import annotations
@@ -25,6 +27,19 @@ from proxy.server.frames import OUTCOME, READY, decode_outcome, encode_job
 from proxy.server.records import AnalysisJob, AnalysisOutcome, TokenizerReport
 
 log = logging.getLogger("islwatch.analysis")
+
+
+class WorkerExited(RuntimeError):
+    """A worker process exited before it had loaded its tokenizers (content-free message)."""
+
+
+def _exit_text(index: int, code: int | None, was_loaded: bool) -> str:
+    return (
+        f"worker {index} exited"
+        + ("" if code is None else f" with code {code}")
+        + ("" if was_loaded else " while loading its tokenizers")
+    )
+
 
 # Bytes queued for one worker beyond what its pipe holds; above this, jobs are dropped (bodies can be MBs).
 MAX_PENDING_BYTES = 32 << 20
@@ -52,6 +67,12 @@ class Worker:
         self.gone = False  # its output pipe closed: it exited (or is about to)
         self.retiring = False  # asked to stop: not an unexpected exit
         self._connecting: asyncio.Task[None] | None = None
+
+    @property
+    def loaded(self) -> bool:
+        """Running, with its tokenizers loaded: it analyses the jobs it is sent."""
+        ready = self.ready
+        return not self.gone and ready.done() and not ready.cancelled() and ready.exception() is None
 
     def start(self, spec_json: str, describe: bool) -> None:
         job_r, job_w = os.pipe()
@@ -140,14 +161,17 @@ class Processes:
         on_outcome: Callable[[AnalysisOutcome], None],
         on_lost: Callable[[int], None],
         on_exit: Callable[[], None],
+        on_restarted: Callable[[Processes, list[TokenizerReport]], None],
     ) -> None:
         self.spec_json = spec_json
         self.count = max(1, count)
         self.on_outcome = on_outcome
         self.on_lost = on_lost  # jobs a dead worker never answered
         self.on_exit = on_exit  # a worker died unexpectedly
+        self.on_restarted = on_restarted  # a restarted worker loaded the tokenizers again: its reports
         self.workers: list[Worker] = []
         self.closing = False
+        self.last_exit: str | None = None  # the last unexpected exit, content-free
         self._exits: list[float] = []  # times of unexpected exits, for the restart back-off
         self._live: set[Worker] = set()  # every process of this generation not yet reaped
         self._reaping: set[asyncio.Task[None]] = set()
@@ -177,6 +201,22 @@ class Processes:
     def live(self) -> int:
         """Worker processes of this generation not yet reaped (retired and restarted ones included)."""
         return len(self._live)
+
+    @property
+    def loaded(self) -> int:
+        """Workers taking jobs: running, with their tokenizers loaded."""
+        return 0 if self.closing else sum(w.loaded for w in self.workers)
+
+    @property
+    def trouble(self) -> str | None:
+        """Why no worker takes jobs, when none does (content-free)."""
+        if self.loaded:
+            return None
+        if self.closing:
+            return "analysis workers stopped"
+        if self.last_exit is not None:
+            return f"no analysis worker running: {self.last_exit}; restarting"
+        return "analysis workers loading"
 
     def retire(self) -> None:
         """Stop receiving jobs; the workers finish what they were sent and exit."""
@@ -227,22 +267,25 @@ class Processes:
         if lost:
             self.on_lost(lost)
         expected = worker.retiring or self.closing
+        was_loaded = worker.ready.done() and worker.ready.exception() is None
+        if not expected:  # said at once (the exit code follows once it is reaped)
+            self.last_exit = _exit_text(worker.index, None, was_loaded)
         if not worker.ready.done():
-            worker.ready.set_exception(RuntimeError("analysis worker exited before loading its tokenizers"))
+            worker.ready.set_exception(
+                WorkerExited(f"analysis worker {worker.index} exited before loading its tokenizers")
+            )
             worker.ready.exception()  # retrieved here: a reload's gather may not be waiting for it
-        task = asyncio.get_running_loop().create_task(self._after_exit(worker, expected, lost))
+        task = asyncio.get_running_loop().create_task(self._after_exit(worker, expected, lost, was_loaded))
         self._reaping.add(task)
         task.add_done_callback(self._reaping.discard)
 
-    async def _after_exit(self, worker: Worker, expected: bool, lost: int) -> None:
+    async def _after_exit(self, worker: Worker, expected: bool, lost: int, was_loaded: bool) -> None:
         code = await self._reap(worker)
         if expected:
             return
         self.on_exit()
-        log.error(
-            "analysis worker %d exited unexpectedly (code %s); %d analyses lost; restarting it",
-            worker.index, code, lost,
-        )  # fmt: skip
+        self.last_exit = _exit_text(worker.index, code, was_loaded)
+        log.error("analysis %s; %d analyses lost; restarting it", self.last_exit, lost)
         now = time.monotonic()
         self._exits = [t for t in self._exits if now - t < 60.0] + [now]
         # Back off when it keeps dying (a tokenizer that crashes on load, memory limits): 0, 1, 2, 4... 30 s.
@@ -251,11 +294,18 @@ class Processes:
             await asyncio.sleep(delay)
         if self.closing:
             return
-        replacement = self._spawn(worker.index, describe=False)
+        # The replacement loads from disk again and reports what it loaded: the pool compares identities.
+        replacement = self._spawn(worker.index, describe=True)
         try:
             await replacement.connected()
+            reports = await replacement.ready
+        except WorkerExited:
+            return  # it died too: its own exit restarts it
         except Exception as exc:
             log.error("analysis worker %d could not be restarted: %s", worker.index, type(exc).__name__)
+            return
+        if reports is not None and not self.closing:
+            self.on_restarted(self, reports)
 
     async def _reap(self, worker: Worker, timeout: float = STOP_SECONDS) -> int | None:
         proc = worker.proc

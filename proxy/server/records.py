@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.core.usage import Usage
+
 # Model label values besides configured model names (bounded cardinality).
 DEFAULT_LABEL = "default"  # no --model-tokenizer map: every model is the one served model
 OTHER_LABEL = "other"  # a model name the map does not know: many names collapse into this one value
@@ -43,6 +45,7 @@ class AnalysisJob:
     body: bytes
     parsed: Any = None
     server_tokens: int | None = None  # from the SSE parser on the response path
+    server_usage: Usage | None = None  # the whole usage that parser read (server_tokens is its prompt count)
     response_json: bytes | None = None  # a JSON response (or its tail) for the worker to read usage from
     streamed: bool = False  # the response was an event stream
 
@@ -65,6 +68,15 @@ class AnalysisOutcome:
     detail: str | None = None  # content-free
     duplicate_bos_risk: bool = False
     error: str | None = None  # the worker could not analyse (no tokenizer loaded, internal error)
+    # The rest of the server's usage (`server` is its prompt count); None: the field was not reported.
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    # Set when `error` is an islwatch bug: the stage that raised (metrics.ANALYSIS_STAGES); `detail`: frames.
+    error_stage: str | None = None
+    # The request's image parts by outcome (proxy.core.images.IMAGE_OUTCOMES); None: no images.
+    images: dict[str, int] | None = None
+    image_tokens: int | None = None  # the tokens of all its images, when every one was counted
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Relaying the upstream's answer: each chunk to the client as it arrives, while a usage tap watches the bytes.
 
 The tap never changes what the client receives, except to undo what `--inject-stream-usage` added
-(core/usage.py `SSEUsageStripper`). A JSON answer's tail is kept for the worker to read usage from; an event
-stream is parsed as it passes (`SSEUsageParser`).
+(core/usage.py `SSEUsageStripper`). Of a JSON answer, only what its usage can be read from is kept for the
+worker (core/buffers.py `JSONUsageWindow`: bounded bytes, wherever usage sits); an event stream is parsed as
+it passes (`SSEUsageParser`).
 """
 
 from __future__ import annotations
@@ -12,20 +13,21 @@ import logging
 import aiohttp
 from aiohttp import web
 
-from proxy.core.usage import SSEUsageParser, SSEUsageStripper
+from proxy.core.buffers import JSON_WHOLE_BYTES, JSONUsageWindow
+from proxy.core.usage import SSEUsageParser, SSEUsageStripper, Usage
 from proxy.server.upstream import failure_kind, forward_headers
 
 log = logging.getLogger("islwatch.proxy")
 
 
 class UsageTap:
-    """Reads the server's usage from the response bytes that pass through it."""
+    """Reads the server's usage from the response bytes that pass through it, holding a bounded number of
+    them: a JSON answer is kept whole up to JSON_WHOLE_BYTES, and only windows after its `"usage"` keys beyond."""
 
-    def __init__(self, sse: bool, strip: bool, cap: int) -> None:
+    def __init__(self, sse: bool, strip: bool) -> None:
         self.parser = SSEUsageParser() if sse else None
         self.stripper = SSEUsageStripper(self.parser) if sse and strip and self.parser else None
-        self.cap = cap
-        self._tail: bytearray | None = None if sse else bytearray()
+        self.json = None if sse else JSONUsageWindow(whole=JSON_WHOLE_BYTES)
 
     @property
     def streamed(self) -> bool:
@@ -36,28 +38,26 @@ class UsageTap:
             return self.stripper.feed(chunk)
         if self.parser is not None:
             self.parser.feed(chunk)
-        elif self._tail is not None:
-            self._tail += chunk
-            if len(self._tail) > 2 * self.cap:  # keep the tail: usage comes last
-                del self._tail[: -self.cap]
+        elif self.json is not None:
+            self.json.feed(chunk)
         return chunk
 
     def flush(self) -> bytes:
         return self.stripper.flush() if self.stripper is not None else b""
 
-    def server_tokens(self) -> int | None:
-        usage = self.parser.result() if self.parser is not None else None
-        return usage.input_tokens if usage is not None else None
+    def usage(self) -> Usage | None:
+        """A stream's whole usage (JSON answers are read by the worker, from `response_json`)."""
+        return self.parser.result() if self.parser is not None else None
 
     def response_json(self) -> bytes | None:
-        return bytes(self._tail[-self.cap :]) if self._tail is not None else None
+        return self.json.kept() if self.json is not None else None
 
 
 def client_response(upstream: aiohttp.ClientResponse, injected: bool) -> web.StreamResponse:
     """Same status, reason and headers as the upstream's (minus hop-by-hop; minus the length when the
-    injected usage is stripped from the body)."""
+    injected usage is stripped from the body), each field line as the upstream sent it (headers.py)."""
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-    response.headers.extend(forward_headers(upstream.headers, drop_length=injected))
+    response.headers.extend(forward_headers(upstream.raw_headers, drop_length=injected))
     return response
 
 

@@ -7,22 +7,27 @@ status the client gets when no upstream response exists (`FAILURE_STATUS`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy, istr
 from yarl import URL
 
+from proxy.server.headers import decoded, for_client, keep_received_bytes
+
+keep_received_bytes()  # every head this process writes (requests and responses) keeps the bytes it read
+
 # RFC 9110 section 7.6.1: connection-specific fields are not forwarded by a proxy. Host is the upstream's.
+# Lower-case bytes: names are case-insensitive (RFC 9110 5.1) and compared as received (`raw_headers`).
 HOP_BY_HOP = frozenset(
-    istr(h)
+    h.lower().encode()
     for h in (
         "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
         "TE", "Trailer", "Trailers", "Transfer-Encoding", "Upgrade",
         "Expect",  # 100-continue is answered by this hop (aiohttp does it when the body is read)
+        "Host",
     )
 )  # fmt: skip
 # Defaults aiohttp's client would add when the client did not send them: the upstream must see only what
@@ -57,19 +62,11 @@ class UpstreamFailed(Exception):
         self.kind = kind
 
 
-def forward_headers(headers: CIMultiDictProxy[str], drop_length: bool) -> CIMultiDict[str]:
-    named = {istr(v.strip()) for v in headers.getall("Connection", ()) for v in v.split(",") if v.strip()}
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        if (
-            name in HOP_BY_HOP
-            or name in named
-            or name == "Host"
-            or (drop_length and name == "Content-Length")
-        ):
-            continue
-        out.add(name, value)
-    return out
+def forward_headers(raw: Sequence[tuple[bytes, bytes]], drop_length: bool) -> list[tuple[str, str]]:
+    """The field lines that cross this hop, in order, each as received (headers.py: the bytes survive)."""
+    named = {t.strip().lower() for n, v in raw if n.lower() == b"connection" for t in v.split(b",")}
+    drop = HOP_BY_HOP | named | frozenset((b"content-length",) if drop_length else ())
+    return decoded((n, v) for n, v in raw if n.lower() not in drop)
 
 
 def upstream_url(base: str, request: web.Request) -> URL:
@@ -109,7 +106,10 @@ async def open_upstream(
 ) -> aiohttp.ClientResponse:
     """Send the request upstream and wait for its status line and headers; raises UpstreamFailed. A request
     lost on a reused connection before any response byte is sent once more, on a new connection."""
-    headers = forward_headers(request.headers, drop_length=isinstance(data, bytes))
+    # The client's Content-Length goes as sent while it is still the body's length (not when the body was
+    # rewritten to ask for usage); aiohttp adds one only when none is given (ClientRequest.update_body_from_data).
+    resized = isinstance(data, bytes) and request.content_length != len(data)
+    headers = for_client(forward_headers(request.raw_headers, drop_length=resized))
     for attempt in (1, 2):
         trace: dict[str, bool] = {"reused": False}
         try:

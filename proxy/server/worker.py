@@ -18,6 +18,7 @@ import orjson
 
 from proxy.server.analyzer import AnalysisSpec, Analyzer
 from proxy.server.frames import FRAME_HEAD, READY, decode_job, encode_outcome
+from proxy.server.problems import traceback_line
 from proxy.server.records import NONE_LABEL, OTHER_ENDPOINT, AnalysisOutcome
 
 
@@ -36,7 +37,8 @@ def serve_pipe(analyzer: Analyzer, jobs: BinaryIO, out: BinaryIO) -> None:
         try:
             job = decode_job(header, payload)
         except Exception as exc:  # a framing bug must not kill the worker silently; the parent counts it
-            bad = AnalysisOutcome(OTHER_ENDPOINT, NONE_LABEL, 0.0, error=f"bad frame: {type(exc).__name__}")
+            bad = AnalysisOutcome(OTHER_ENDPOINT, NONE_LABEL, 0.0, error="bad frame", error_stage="frame",
+                                  detail=traceback_line(exc))  # fmt: skip
             out.write(encode_outcome(bad))
             out.flush()
             continue

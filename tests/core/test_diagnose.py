@@ -110,13 +110,20 @@ def test_completions_drift_has_no_template_signature() -> None:
 
 
 @pytest.mark.parametrize("server", [None, "20", 20.0, True, -5])
-def test_classify_never_raises(server: Any) -> None:
+def test_classify_odd_server_counts_are_unknown(server: Any) -> None:
     assert d.classify(chat_result(), server, PROFILE) in d.CAUSES
     invalid = CountResult(endpoint="chat", bare=None, templated=None, expected_server=None, method="none")
     assert d.classify(invalid, 20, PROFILE) == d.UNKNOWN
-    assert d.classify(None, 20, PROFILE) == d.UNKNOWN  # type: ignore[arg-type]
     assert d.classify(chat_result(), 20, None) == d.EXACT  # type: ignore[arg-type]
-    assert d.classify(chat_result(), 21, None) == d.UNKNOWN  # type: ignore[arg-type]
+
+
+def test_classify_raises_on_islwatch_bugs_instead_of_calling_them_unknown() -> None:
+    """A malformed result or profile is a bug: it raises, for the analysis boundary to count
+    (islwatch_analysis_errors_total{stage="classify"}), instead of turning into drift data."""
+    with pytest.raises(AttributeError):
+        d.classify(None, 20, PROFILE)  # type: ignore[arg-type]
+    with pytest.raises(AttributeError):
+        d.classify(chat_result(), 21, None)  # type: ignore[arg-type]
 
 
 # ---- real tokenizers ------------------------------------------------------------------------------------

@@ -82,7 +82,7 @@ def free_port() -> int:
 
 def launch(binary: str, gguf: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
     cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["-np", "1", "-t", "1", "--no-webui"]
+    cmd += ["-np", "1", "-t", "1", "--no-webui", "--metrics"]  # /metrics: test_llama_server_bill.py
     log = open(log_path, "wb")  # noqa: SIM115 - the child owns the handle for its lifetime
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 

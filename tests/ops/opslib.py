@@ -47,6 +47,7 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "islwatch_analysis_dropped_total": frozenset(),
     "islwatch_analysis_worker_exits_total": frozenset(),
     "islwatch_analysis_queue_depth": frozenset(),
+    "islwatch_analysis_workers_live": frozenset(),
     "islwatch_fallback_total": frozenset({"model", "reason"}),
     "islwatch_upstream_errors_total": frozenset({"kind"}),
     "islwatch_upstream_retries_total": frozenset(),
@@ -59,8 +60,37 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     # The server parity probe (proxy/core/probe.py): 1 every probe equal, 0 some differ, absent while unknown.
     "islwatch_server_parity_ok": frozenset({"model"}),
     "islwatch_build_info": frozenset({"version"}),
+    # Client connections (proxy/server/guard.py) and islwatch's own bugs (issue 13).
+    "islwatch_client_connections": frozenset(),
+    "islwatch_client_connections_cut_total": frozenset({"reason"}),
+    "islwatch_client_disconnects_total": frozenset({"stage"}),
+    "islwatch_analysis_errors_total": frozenset({"stage"}),
+    "islwatch_proxy_errors_total": frozenset(),
+    # The rest of usage (issue 15): per request, and which fields each answer reported at all.
+    "islwatch_output_tokens": frozenset({"model", "endpoint"}),
+    "islwatch_cached_prompt_tokens": frozenset({"model", "endpoint"}),
+    "islwatch_reasoning_tokens": frozenset({"model", "endpoint"}),
+    "islwatch_usage_fields_total": frozenset({"model", "field", "present"}),
+    # The engine's own counters (--upstream-metrics-url): their increase since islwatch started.
+    "islwatch_engine_tokens_total": frozenset({"kind", "engine"}),
+    "islwatch_engine_scrapes_total": frozenset({"result"}),
+    # Images (issue 21, proxy/core/images.py): per request, and what became of each image part.
+    "islwatch_image_tokens": frozenset({"model", "endpoint"}),
+    "islwatch_images_per_request": frozenset({"model", "endpoint"}),
+    "islwatch_images_total": frozenset({"model", "endpoint", "result"}),
 }
-HISTOGRAMS = frozenset({"islwatch_isl_tokens", "islwatch_isl_drift_tokens", "islwatch_analysis_seconds"})
+HISTOGRAMS = frozenset(
+    {
+        "islwatch_isl_tokens",
+        "islwatch_isl_drift_tokens",
+        "islwatch_analysis_seconds",
+        "islwatch_output_tokens",
+        "islwatch_cached_prompt_tokens",
+        "islwatch_reasoning_tokens",
+        "islwatch_image_tokens",
+        "islwatch_images_per_request",
+    }
+)
 # prometheus_client exports no `_sum` for a histogram with negative buckets (a sum that can go down is
 # not a counter), so the signed drift histogram has only `_bucket` and `_count`.
 NO_SUM = frozenset({"islwatch_isl_drift_tokens"})

@@ -22,8 +22,10 @@ from opslib import (
 )
 
 # The issue's list: token drift, duplicate BOS, tokenizer or template changed, analysis dropping,
-# upstream error ratio, proxy down; the server parity probe's issue: the server's tokenizer differs.
+# upstream error ratio, proxy down; the server parity probe's issue: the server's tokenizer differs; the bill's
+# issue: the engine processed prompt tokens the usage through the sidecar does not account for.
 REQUIRED = {
+    "IslwatchEngineTokensUnaccounted",
     "IslwatchServerTokenizerDiffers",
     "IslwatchTokenDrift",
     "IslwatchDuplicateBOS",
@@ -49,6 +51,14 @@ def test_server_tokenizer_differs_waits_five_minutes_at_zero() -> None:
     (rule,) = [r for r in RULES if r["alert"] == "IslwatchServerTokenizerDiffers"]
     assert rule["for"] == "5m" and rule["labels"]["severity"] == "warning"
     assert "islwatch_server_parity_ok" in rule["expr"] and rule["expr"].strip().endswith("== 0")
+
+
+def test_engine_tokens_compare_the_engine_prompt_kind_with_usage() -> None:
+    """The kind that counts what usage.prompt_tokens counts (cached included), against the usage sums."""
+    (rule,) = [r for r in RULES if r["alert"] == "IslwatchEngineTokensUnaccounted"]
+    assert 'islwatch_engine_tokens_total{kind="prompt"}' in rule["expr"]
+    assert 'islwatch_isl_tokens_sum{kind="server"}' in rule["expr"]
+    assert rule["for"] == "15m" and "by (instance)" in rule["expr"]
 
 
 def test_token_drift_threshold_holds_for_ten_minutes() -> None:

@@ -28,8 +28,11 @@ def populated() -> Metrics:
     outcome = AnalysisOutcome(
         "chat", "m", 0.01, bare=3, templated=5, expected=5, server=6, match="mismatch",
         cause="duplicate_bos", fallback_reason="template_error", duplicate_bos_risk=True,
+        output_tokens=4, cached_tokens=2, reasoning_tokens=1, images={"counted": 2}, image_tokens=8,
     )  # fmt: skip
     metrics.analysed(outcome, ProblemLog(logging.getLogger("test_metric_catalog")))
+    metrics.engine_scraped(None)
+    metrics.engine_counted("prompt", "vllm", 6)
     metrics.dropped()
     metrics.worker_exited()
     metrics.server_probed("m", True)
@@ -67,6 +70,10 @@ def test_histograms_without_sum() -> None:
     metrics.isl_tokens.labels(model="m", endpoint="chat", kind="bare").observe(3)
     metrics.drift_tokens.labels(model="m", endpoint="chat").observe(-2)
     metrics.analysis_seconds.observe(0.01)
+    for per_request in (metrics.output_tokens, metrics.cached_prompt_tokens, metrics.reasoning_tokens):
+        per_request.labels(model="m", endpoint="chat").observe(0)
+    for per_request in (metrics.image_tokens, metrics.images_per_request):
+        per_request.labels(model="m", endpoint="chat").observe(1)
     names = {s.name for family in metrics.registry.collect() for s in family.samples}
     for hist in HISTOGRAMS:
         assert {hist + "_bucket", hist + "_count"} <= names

@@ -1,8 +1,11 @@
-"""A real Prometheus scraping a real `islwatch proxy` in front of `islwatch emulate --fault double-bos`.
+"""A real Prometheus scraping a real `islwatch proxy` in front of `islwatch emulate --fault double-bos`, and a
+second one in front of a real llama-server (`--metrics`) whose counters it scrapes (`--upstream-metrics-url`).
 
 Every PromQL expression of the dashboard must parse and return data; every alert rule must parse and
-evaluate without error inside Prometheus; the drift fault must show up as the alerts it should.
-Prometheus comes from Debian's package (scripts/install_prometheus.sh); the test skips only without it.
+evaluate without error inside Prometheus; the drift fault must show up as the alerts it should; the engine's
+counters reach Prometheus beside the usage, equal to it.
+Prometheus comes from Debian's package (scripts/install_prometheus.sh), llama-server from
+scripts/build_llama_server.sh; the test skips only without them.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ RATE_INTERVAL = "2m"
 DEADLINE = 90.0  # seconds any one readiness wait may take before the test fails (never an assertion on time)
 WAVES = 2  # two waves with scrapes between them, so every counter has increased inside the rate window
 PLAIN_MODEL = "plain"  # configured with a tokenizer without a chat template: the fallback path
+BILLED_FAMILY = "qwen2.5-instruct"  # the llama-server model whose engine counters are scraped
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class Stack:
     admin: str
     prometheus: str
     models: tuple[str, ...]
+    billed: str  # the proxy in front of llama-server, its engine counters scraped
+    billed_admin: str
 
 
 def free_port() -> int:
@@ -143,6 +149,10 @@ async def wave(session: aiohttp.ClientSession, proxy: str) -> int:
     async with session.post(f"{proxy}/v1/chat/completions", json=body) as resp:
         assert resp.status == 200, await resp.text()
     sent += 1
+    # /v1/responses: the emulator's usage reports cached and reasoning tokens (0), chat's does not.
+    async with session.post(f"{proxy}/v1/responses", json={"model": "mistral", "input": "Hi there"}) as resp:
+        assert resp.status == 200, await resp.text()
+    sent += 1
     async with session.post(
         f"{proxy}/v1/chat/completions", data=b"{not json", headers={"Content-Type": "application/json"}
     ) as resp:
@@ -170,12 +180,57 @@ async def wait_analysed(session: aiohttp.ClientSession, prometheus: str, total: 
     )
 
 
+async def billed_wave(session: aiohttp.ClientSession, proxy: str) -> int:
+    """Chats through the proxy in front of llama-server; the repeats reuse its slot's cache."""
+    chat = {"model": "m", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+    for _ in range(2):
+        async with session.post(f"{proxy}/v1/chat/completions", json={**chat, "max_tokens": 3}) as resp:
+            assert resp.status == 200, await resp.text()
+    return 2
+
+
 async def drive(stack: Stack) -> None:
     async with aiohttp.ClientSession() as session:
         total = 0
         for _ in range(WAVES):
-            total += await wave(session, stack.proxy)
+            total += await wave(session, stack.proxy) + await billed_wave(session, stack.billed)
             await wait_analysed(session, stack.prometheus, total)
+
+
+def llama_server_parts() -> tuple[str, Path]:
+    """The llama-server binary and a tiny model (tests/interop); skips without them, as without Prometheus."""
+    from tests.conftest import FIXTURES, SHARED_TOKENIZERS
+    from tests.interop.llama_server_proc import GGUF, BinaryUnavailable, find_binary
+
+    gguf = FIXTURES / "gguf" / GGUF[BILLED_FAMILY]
+    if not gguf.is_file() or not (SHARED_TOKENIZERS / BILLED_FAMILY).is_dir():
+        pytest.skip(f"{gguf} or the shared {BILLED_FAMILY} tokenizer is absent")
+    try:
+        return find_binary(), gguf
+    except BinaryUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def start_billed(tmp: Path, procs: list[tuple[subprocess.Popen[bytes], Path]]) -> tuple[str, str, str]:
+    """llama-server with --metrics, and a proxy in front of it scraping them: (llama URL, proxy, admin)."""
+    from tests.conftest import SHARED_TOKENIZERS
+
+    binary, gguf = llama_server_parts()
+    llama_port, proxy_port, admin_port = (free_port() for _ in range(3))
+    llama = f"http://127.0.0.1:{llama_port}"
+    llama_log, proxy_log = tmp / "llama-server.log", tmp / "proxy-billed.log"
+    cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(llama_port), "-np", "1", "-t", "1",
+           "--no-webui", "--metrics"]  # fmt: skip
+    procs.append((start(cmd, llama_log), llama_log))
+    proxy = start(
+        [sys.executable, "-m", "proxy.cli", "proxy", "--upstream", llama, "--listen", f"127.0.0.1:{proxy_port}",
+         "--admin", f"127.0.0.1:{admin_port}", "--tokenizer", str(SHARED_TOKENIZERS / BILLED_FAMILY),
+         "--server-flavor", "llama.cpp", "--upstream-metrics-url", f"{llama}/metrics",
+         "--upstream-metrics-interval-seconds", "0.5"],
+        proxy_log,
+    )  # fmt: skip
+    procs.append((proxy, proxy_log))
+    return llama, f"http://127.0.0.1:{proxy_port}", f"http://127.0.0.1:{admin_port}"
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +238,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prometheus_bin = find_tool("prometheus")
     if prometheus_bin is None:
         pytest.skip(f"prometheus not found; {INSTALL_HINT}")
+    llama_server_parts()  # skip before starting anything
     tmp = tmp_path_factory.mktemp("prometheus-live")
     emu_port, proxy_port, admin_port, prom_port = (free_port() for _ in range(4))
     cli = [sys.executable, "-m", "proxy.cli"]
@@ -203,12 +259,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             proxy_log,
         )  # fmt: skip
         procs.append((proxy, proxy_log))
+        llama, billed, billed_admin = start_billed(tmp, procs)
+        targets = [f"127.0.0.1:{admin_port}", billed_admin.removeprefix("http://")]
         config = {
             "global": {"scrape_interval": SCRAPE, "evaluation_interval": SCRAPE},
             "rule_files": [str(ALERTS)],
-            "scrape_configs": [
-                {"job_name": "islwatch", "static_configs": [{"targets": [f"127.0.0.1:{admin_port}"]}]}
-            ],
+            "scrape_configs": [{"job_name": "islwatch", "static_configs": [{"targets": targets}]}],
         }
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
         prom_log = tmp / "prometheus.log"
@@ -223,13 +279,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             admin=f"http://127.0.0.1:{admin_port}",
             prometheus=f"http://127.0.0.1:{prom_port}",
             # With a --model-tokenizer map, unmapped names ("mistral") count as "other"; the unparsable
-            # body as "none" (proxy/records.py).
-            models=("other", PLAIN_MODEL, "none"),
+            # body as "none" (proxy/records.py). The proxy in front of llama-server has no map: "default".
+            models=("other", PLAIN_MODEL, "none", "default"),
+            billed=billed,
+            billed_admin=billed_admin,
         )
 
         async def ready() -> None:
             await wait_for(f"http://127.0.0.1:{emu_port}/health", procs)
+            await wait_for(f"{llama}/health", procs)
             await wait_for(f"{s.admin}/readyz", procs)
+            await wait_for(f"{s.billed_admin}/readyz", procs)
             await wait_for(f"{s.prometheus}/-/ready", procs)
             await drive(s)
 
@@ -255,8 +315,10 @@ def test_probe_paths_answer(stack: Stack) -> None:
     assert run(_get(f"{stack.admin}/readyz"))[0] == 200
     status, targets = run(_get(f"{stack.prometheus}/api/v1/targets"))
     assert status == 200
-    (target,) = targets["data"]["activeTargets"]
-    assert target["health"] == "up" and target["scrapeUrl"].endswith("/metrics")
+    active = targets["data"]["activeTargets"]
+    assert len(active) == 2  # the two proxies
+    for target in active:
+        assert target["health"] == "up" and target["scrapeUrl"].endswith("/metrics")
 
 
 def test_model_variable_values(stack: Stack) -> None:
@@ -349,3 +411,33 @@ def test_no_proxy_down_or_upstream_error_alerts(stack: Stack) -> None:
     state = wait_drift_alerts(stack)
     assert state["IslwatchProxyDown"]["alerts"] == []
     assert state["IslwatchUpstreamErrors"]["alerts"] == []
+    assert state["IslwatchEngineTokensUnaccounted"]["alerts"] == []  # llama-server's counters match usage
+
+
+def test_engine_counters_reach_prometheus_equal_to_usage(stack: Stack) -> None:
+    """Prometheus sees, for the proxy in front of llama-server, the engine's prompt tokens (cached ones added
+    back), cached and generated tokens each equal to the usage summed through that proxy."""
+    i = stack.billed_admin.removeprefix("http://")
+    usage = {
+        "prompt": f'sum(islwatch_isl_tokens_sum{{instance="{i}",kind="server"}})',
+        "cached_prompt": f'sum(islwatch_cached_prompt_tokens_sum{{instance="{i}"}})',
+        "generation": f'sum(islwatch_output_tokens_sum{{instance="{i}"}})',
+    }
+
+    async def both(kind: str) -> tuple[float, float]:
+        engine = f'sum(islwatch_engine_tokens_total{{instance="{i}",kind="{kind}",engine="llama.cpp"}})'
+        async with aiohttp.ClientSession() as session:
+            return await scalar(session, stack.prometheus, engine), await scalar(
+                session, stack.prometheus, usage[kind]
+            )
+
+    for kind in usage:
+        engine, summed = eventually(
+            lambda k=kind: run(both(k)),
+            until=lambda pair: pair[0] > 0 and pair[0] == pair[1],
+            timeout=DEADLINE,
+            what=f"Prometheus seeing the engine's {kind} tokens equal to the usage's",
+            interval=0.5,
+            describe=lambda pair, k=kind: f"engine {k} {pair[0]}, usage {pair[1]}",
+        )
+        assert engine == summed

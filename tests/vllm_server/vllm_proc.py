@@ -32,6 +32,9 @@ FAMILIES = {
 # islwatch's (5.24) as TokenizersBackend, and they encode differently (tests/vllm_server/test_vllm_probe.py).
 PROBE_FAMILIES = {"deepseek-v3": ("llama", None)}
 ARCHS = {**FAMILIES, **PROBE_FAMILIES}
+# The chat server whose whole bill is checked (usage details, /metrics counters, the prefix cache).
+BILLED_FAMILY = "qwen2.5-instruct"
+BILLED_BLOCK = 32
 # A guard against a hung server, not a timing assertion: vLLM's imports take 70-105 s on 2 cores.
 START_DEADLINE_SECONDS = 600.0
 
@@ -102,8 +105,16 @@ def free_port() -> int:
 def launch(python: str, server: VllmServer) -> subprocess.Popen[bytes]:
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", server.model]
     cmd += ["--host", "127.0.0.1", "--port", str(server.port), "--enforce-eager", "--dtype", "float32"]
-    cmd += ["--max-model-len", "4096", "--disable-log-stats"]
+    cmd += ["--max-model-len", "4096"]
     parser = ARCHS[server.family][1]
+    if server.family == BILLED_FAMILY and not server.embedding:
+        # The server the bill tests read (test_vllm_bill.py): its /metrics counters need the stats loggers
+        # (`--disable-log-stats` removes them: vllm/v1/engine/async_llm.py), its usage the cached tokens, and
+        # its prefix cache 32-token blocks (the CPU default is 128; CPU_ATTN needs a multiple of 32).
+        cmd += ["--enable-prompt-tokens-details", "--enable-prefix-caching"]
+        cmd += ["--block-size", str(BILLED_BLOCK)]
+    else:
+        cmd += ["--disable-log-stats"]
     if server.embedding:
         cmd += ["--convert", "embed"]
     elif parser is not None:

@@ -1,0 +1,278 @@
+"""Chat requests as SGLang 0.5.23 prepares them before it tokenizes (`--server-flavor sglang`). Pure.
+
+SGLang renders the model's own Jinja template with transformers like vLLM, but prepares the request its own
+way (`sglang/srt/entrypoints/openai/serving_chat.py`: `_validate_request`, `_process_messages`,
+`_apply_jinja_template`, `_handle_last_assistant_message`; its request models in protocol.py, mirrored in
+core/sglang_request.py). Checked against SGLang's own preprocessing in-process (tests/sglang_server). Where it
+departs from vLLM:
+- every tool reaches the template with a `defer_loading: null` field (+5 or +6 tokens per tool on Qwen2.5),
+  and only when `tool_choice` is not "none" (the default without tools); a named `tool_choice` renders that
+  tool alone;
+- text parts are joined with " " (vLLM: "\\n"), for a template that reads content as a string;
+- `developer` messages reach the template as they are (a template without the role may drop them);
+- a final assistant message is continued only with `continue_final_message`, else it becomes a user message;
+  a continued one is left out of the render and encoded after the generation prompt, on its own;
+- request-level `add_generation_prompt`, `add_special_tokens` and `documents` are not SGLang fields (ignored);
+  every `chat_template_kwargs` key is passed to the template call, so one that repeats its own arguments is
+  refused;
+- tool-call arguments must be a JSON object (refused otherwise; vLLM substitutes `{}`), and may be an object;
+- roles outside its list, a null user content, media on a text-only model are refused.
+Completions, embeddings and responses go the vLLM way (core/extract.py): not tested against SGLang.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.sandbox
+from jinja2 import nodes
+
+from . import sglang_request as req
+from .count import INVALID_BODY, CountResult, Encoder, count, count_chat, count_prompts, uncounted
+from .endpoints import Endpoint
+from .extract import ChatInput, PromptInput
+from .messages import InvalidBody
+
+# Arguments `_render_and_encode_chat_template` passes to `apply_chat_template` itself: the same key in
+# `chat_template_kwargs` is a "multiple values" TypeError (400), or a KeyError on the retry (500).
+_CALL_ARGS = {"conversation", "tools", "add_generation_prompt", "tokenize", "return_dict"}
+_MEDIA_WORDS = ("image", "audio", "video", "vision")
+_CONTENT_VARS = ("message", "msg", "m")
+
+
+def _content_of(node: nodes.Node | None) -> str | None:
+    """The variable whose content a loop iterates (`v.content`, `v['content']`, through filters, tests and
+    slices: `_is_var_or_elems_access`), else None."""
+    while isinstance(node, (nodes.Filter, nodes.Test)) or (
+        isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice)
+    ):
+        node = node.node
+    item = (
+        isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and node.arg.value == "content"
+    )
+    attr = isinstance(node, nodes.Getattr) and node.attr == "content"
+    base = node.node if (item or attr) and isinstance(node, (nodes.Getitem, nodes.Getattr)) else None
+    return base.name if isinstance(base, nodes.Name) else None
+
+
+@lru_cache(maxsize=64)
+def content_format(template: str) -> str:
+    """parser/jinja_template_utils.py `detect_jinja_template_content_format`: "openai" (part lists) if the
+    template mentions a media word anywhere or loops over `message`/`msg`/`m` `.content`, else "string"."""
+    if any(word in template for word in _MEDIA_WORDS):
+        return "openai"
+    try:
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(extensions=[jinja2.ext.loopcontrols])
+        ast = env.parse(template)
+    except jinja2.TemplateSyntaxError:
+        return "string"
+    if any(_content_of(loop.iter) in _CONTENT_VARS for loop in ast.find_all(nodes.For)):
+        return "openai"
+    return "string"
+
+
+def _content(msg: dict[str, Any], role: str, fmt: str, texts: list[str], media: dict[str, int]) -> Any:
+    """The content as `process_content_for_template_format` and `normalize_tool_content` leave it."""
+    content = msg.get("content")
+    if content is None:
+        if role == "user":
+            raise req.refuse("user message without content")  # ChatCompletionMessageUserParam
+        return ""  # _apply_jinja_template: None becomes ""
+    if isinstance(content, str):
+        texts.append(content)
+        return content
+    if not isinstance(content, list):
+        raise req.refuse("content is neither a string nor a list of parts")
+    parts = [req.content_part(p, role) for p in content]
+    kinds = [req.MEDIA_PARTS[p["type"]] for p in parts if p["type"] in req.MEDIA_PARTS]
+    if kinds and fmt == "string":
+        # _validate_media_content: a text-only model refuses media. islwatch cannot see the model config; a
+        # template that never mentions media (the "string" format) is taken as a text-only model's.
+        raise req.refuse("media parts on a text-only model")
+    for kind in kinds:
+        media[kind] = media.get(kind, 0) + 1
+    texts.extend(p["text"] for p in parts if p["type"] == "text")
+    if fmt == "string":
+        return " ".join(p["text"] for p in parts if p["type"] == "text")
+    kept = [
+        {"type": req.MEDIA_PARTS[p["type"]]} if p["type"] in req.MEDIA_PARTS else p
+        for p in parts
+        if p["type"] not in ("thinking", "reasoning")
+    ]
+    if role == "tool" and all(p["type"] == "text" for p in kept):
+        return " ".join(p["text"] for p in kept)  # normalize_tool_content
+    return kept
+
+
+def _arguments(message: dict[str, Any]) -> None:
+    """`normalize_assistant_tool_call_arguments(strict=True)`: string arguments parsed; a JSON object or a
+    400."""
+    for call in message.get("tool_calls") or []:
+        args = call["function"]["arguments"]
+        if isinstance(args, str):
+            try:
+                parsed = json.loads(args)
+            except ValueError:
+                raise req.refuse("tool call arguments are not valid JSON") from None
+            if not isinstance(parsed, dict):
+                raise req.refuse("tool call arguments are not a JSON object")
+            call["function"] = {**call["function"], "arguments": parsed}
+
+
+def _message(raw: Any, fmt: str, texts: list[str], media: dict[str, int]) -> dict[str, Any]:
+    """One message as the template sees it: the model dump with null fields dropped."""
+    role = req.message_role(raw)
+    content = _content(raw, role, fmt, texts, media)
+    if role == "user":
+        return {"role": role, "content": content}  # other keys are not fields of the user message model
+    fields = {k: v for k, v in req.message_fields(raw).items() if v is not None}
+    if role == "assistant":
+        _arguments(fields)
+    if isinstance(content, list):  # the openai branch rebuilds the dict, content last
+        return {"role": role, **fields, "content": content}
+    return {"role": role, "content": content, **fields}
+
+
+def _tool_choice(body: dict[str, Any], message_tools: bool) -> Any:
+    """`set_tool_choice_default`, then the ToolChoice / literal union."""
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "none" if body.get("tools") is None and not message_tools else "auto"
+    if choice in ("auto", "required", "none"):
+        return choice
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    if not isinstance(fn, dict) or choice.get("type", "function") != "function":
+        raise req.refuse("tool_choice invalid")
+    return {"name": req.optional_str(fn.get("name"), "tool_choice name")}
+
+
+def _template_tools(body: dict[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """`_validate_request` on the tools, then what `_process_messages` passes as `tools`."""
+    raw = body.get("tools")
+    if raw is not None and not isinstance(raw, list):
+        raise req.refuse("tools is not a list")
+    tools = [req.tool(t) for t in raw or []]
+    on_messages = [
+        t for m in messages if m["role"] in ("root", "system", "developer") for t in m.get("tools") or []
+    ]
+    effective = tools + on_messages
+    for t in effective:  # normalize_json_schema_types in place (the dumps render it), then check_schema
+        if t["function"]["parameters"] is not None:
+            t["function"]["parameters"] = req.schema(t["function"]["parameters"])
+    choice = _tool_choice(body, bool(on_messages))
+    names = [t["function"]["name"] for t in effective]
+    if choice == "required" and not effective:
+        raise req.refuse("tool_choice required without tools")
+    if isinstance(choice, dict) and choice["name"] not in names:
+        raise req.refuse("tool_choice names a tool that is not given")
+    if on_messages and len(names) != len(set(names)):
+        raise req.refuse("tool names repeat across request and message tools")
+    if not effective or choice == "none":
+        return None
+    if isinstance(choice, dict):
+        return [t for t in tools if t["function"]["name"] == choice["name"]] or None
+    return tools or None
+
+
+def _template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """`normalize_reasoning_inputs` (reasoning effort sets thinking defaults), the pop of `reasoning_effort`
+    out of the kwargs, then `extra_template_kwargs`: the effort first, every kwarg after it."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise req.refuse("chat_template_kwargs is not an object")
+    kwargs = dict(kwargs or {})
+    if "chat_template" in kwargs:
+        raise req.refuse("a request chat_template needs --trust-request-chat-template")
+    effort = req.effort(body.get("reasoning_effort"))
+    thinking = None
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, dict):
+        given = reasoning.get("effort")
+        given = req.effort(reasoning.get("reasoning_effort") if given is None else given)
+        effort = effort if given is None else given
+        enabled = reasoning.get("enabled")
+        enabled = reasoning.get("enable", False) if enabled is None else enabled
+        if isinstance(enabled, str):
+            enabled = enabled.strip().lower() in {"1", "true", "yes", "y", "on"}
+        thinking = True if enabled else None
+    if effort is not None:
+        thinking = effort != "none"
+    if thinking is not None:  # "thinking" for DeepSeek-V3 / Kimi, "enable_thinking" for Qwen3 / GLM
+        kwargs.setdefault("thinking", thinking)
+        kwargs.setdefault("enable_thinking", thinking)
+    popped = kwargs.pop("reasoning_effort", None)
+    effort = effort if popped is None else popped
+    if _CALL_ARGS & kwargs.keys():
+        raise req.refuse("chat_template_kwargs repeats an argument of the template call")
+    return {"reasoning_effort": effort, **kwargs} if effort is not None else kwargs
+
+
+def chat_request(body: Any, template: str) -> tuple[ChatInput, str | None]:
+    """The template's input for a chat body, and the text SGLang encodes after the render (a continued final
+    assistant message), if any. Raises InvalidBody where SGLang refuses the request."""
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        raise req.refuse("messages is not a list")
+    if not body["messages"]:
+        raise req.refuse("messages is empty")
+    fmt = content_format(template)
+    texts: list[str] = []
+    media: dict[str, int] = {}
+    messages = [_message(m, fmt, texts, media) for m in body["messages"]]
+    tools = _template_tools(body, messages)
+    kwargs = _template_kwargs(body)
+    if kwargs.get("continue_final_message"):  # transformers: not with add_generation_prompt, always on here
+        raise req.refuse("continue_final_message in chat_template_kwargs")
+    prefix = None
+    last = messages[-1]
+    if last["role"] == "assistant" and isinstance(last["content"], str):  # _handle_last_assistant_message
+        if req.lax_bool(body.get("continue_final_message", False), "continue_final_message"):
+            prefix, messages = last["content"], messages[:-1]
+        else:
+            messages[-1] = {"role": "user", "content": last["content"]}
+    documents = kwargs.pop("documents", None)
+    kwargs.pop("continue_final_message", None)
+    chat = ChatInput(messages=messages, texts=texts, media=media, tools=tools, template_kwargs=kwargs,
+                     documents=documents if isinstance(documents, list) and documents else None)  # fmt: skip
+    return chat, prefix
+
+
+def _prefix_len(enc: Encoder, prefix: str) -> int:
+    """`_append_assistant_prefix_to_prompt_ids`: `tokenizer.encode(prefix)` with special tokens, a leading
+    BOS dropped."""
+    with_special = enc.encode_len(prefix, True)
+    added = with_special - enc.encode_len(prefix, False)
+    return with_special - 1 if added > 0 and enc.bos_text is not None else with_special
+
+
+def _input_ids(body: Any) -> list[int] | None:
+    """SGLang's `input_ids` chat extension: the prompt is these ids, the template is not rendered (the
+    messages are still validated; islwatch applies its render-time checks to them too)."""
+    ids = body.get("input_ids") if isinstance(body, dict) else None
+    if ids is None:
+        return None
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise req.refuse("input_ids is not a list of token ids")
+    return ids
+
+
+def count_sglang(enc: Encoder, endpoint: str, body: Any) -> CountResult:
+    """What SGLang 0.5.23 counts for this request. Raises only on an islwatch bug (as count.py `count`)."""
+    if endpoint != Endpoint.CHAT:
+        return count(enc, endpoint, body)
+    try:
+        ids = _input_ids(body)
+        chat, prefix = chat_request(body, enc.template or "")
+    except InvalidBody as exc:
+        return uncounted(endpoint, INVALID_BODY, str(exc))
+    if ids is not None:
+        return replace(count_prompts(enc, PromptInput([ids]), str(endpoint)), messages=len(chat.messages))
+    result = count_chat(enc, chat, str(endpoint))
+    if not prefix or result.expected_server is None or result.templated is None:  # "" appends nothing
+        return result
+    extra = _prefix_len(enc, prefix)
+    return replace(result, templated=result.templated + extra, expected_server=result.expected_server + extra)

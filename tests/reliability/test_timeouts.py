@@ -1,0 +1,173 @@
+"""Slow and idle clients on raw sockets: a request head still arriving after `header_timeout_seconds`
+(slowloris, all at once or trickled byte by byte), a body that stops, an idle keep-alive connection, and
+connections past `max_connections`. Each is closed by the proxy and counted in
+`islwatch_client_connections_cut_total{reason}`, while the connections that behave keep working. The
+timeouts are set small here, and every test waits on the socket closing, never on the clock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+from reliability_peers import Origin, recording_origin
+
+from proxy.server.app import ProxyURLs, run_proxy
+from tests.eventually import eventually_async
+from tests.server.helpers import fetch_metrics, proxy_config, value, wait_metrics
+
+GUARD_SECONDS = 60.0  # bounds a hung read; not a timing assertion
+SHORT = 0.3  # the timeout under test
+LONG = 600.0  # the timeouts not under test
+HALF_HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Slow: "
+GET = b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@asynccontextmanager
+async def proxy(**limits: Any) -> AsyncIterator[tuple[ProxyURLs, Origin]]:
+    settings = {"header_timeout_seconds": LONG, "body_timeout_seconds": LONG, "idle_timeout_seconds": LONG,
+                **limits}  # fmt: skip
+    async with recording_origin() as origin:
+        config = proxy_config(origin.url, tokenizer="none", server_probe="off", **settings)
+        async with run_proxy(config) as urls:
+            yield urls, origin
+
+
+def port_of(urls: ProxyURLs) -> int:
+    return int(urls.url.rsplit(":", 1)[1])
+
+
+async def closed_by_proxy(reader: asyncio.StreamReader) -> bytes:
+    """Everything the proxy sends until it closes the connection (EOF)."""
+    async with asyncio.timeout(GUARD_SECONDS):
+        return await reader.read()
+
+
+async def response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One Content-Length framed response (the recording origin's answers, relayed)."""
+    async with asyncio.timeout(GUARD_SECONDS):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))  # fmt: skip
+        return int(head.split(b" ", 2)[1]), await reader.readexactly(length)
+
+
+async def metrics(urls: ProxyURLs) -> dict[Any, float]:
+    async with aiohttp.ClientSession() as s:
+        return await fetch_metrics(s, urls.admin_url)
+
+
+async def until_metrics(urls: ProxyURLs, check: Any) -> dict[Any, float]:
+    async with aiohttp.ClientSession() as s:
+        return await wait_metrics(s, urls.admin_url, check)
+
+
+def cut(m: dict[Any, float], reason: str) -> float:
+    return value(m, "islwatch_client_connections_cut_total", reason=reason)
+
+
+async def test_half_sent_heads_are_closed_after_the_header_timeout() -> None:
+    async with proxy(header_timeout_seconds=SHORT) as (urls, origin):
+        conns = [await asyncio.open_connection("127.0.0.1", port_of(urls)) for _ in range(20)]
+        for _, writer in conns:
+            writer.write(HALF_HEAD)
+            await writer.drain()
+        for reader, writer in conns:
+            assert await closed_by_proxy(reader) == b""  # closed without an answer
+            writer.close()
+        m = await metrics(urls)
+        assert cut(m, "header_timeout") == 20
+        assert origin.requests == []  # nothing half-sent went upstream
+        # The proxy serves the next client as before.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(urls))
+        writer.write(GET)
+        assert (await response(reader))[0] == 200
+        writer.close()
+
+
+async def test_a_head_trickled_byte_by_byte_is_closed_too() -> None:
+    """The deadline runs from the head's first byte: bytes that keep coming do not extend it (an inactivity
+    timer would never fire here). Short field lines, so no size limit of the parser ends it instead."""
+    async with proxy(header_timeout_seconds=SHORT) as (urls, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(urls))
+        writer.write(b"GET / HTTP/1.1\r\n")
+        trickle = b"".join(b"X-%d: y\r\n" % i for i in range(100))
+        for byte in trickle:  # the attack's pace, one byte at a time: pacing, not a wait on a state
+            if reader.at_eof() or writer.is_closing():
+                break
+            writer.write(bytes([byte]))
+            await asyncio.sleep(SHORT / 20)
+        assert await closed_by_proxy(reader) == b""  # no 400: the deadline closed it, not a parser limit
+        writer.close()
+        assert cut(await metrics(urls), "header_timeout") == 1
+
+
+async def test_a_body_that_stops_is_closed_after_the_body_timeout() -> None:
+    """On an analysed endpoint (the proxy reads the body first) and on a relayed path (the body streams
+    upstream as it arrives); neither is counted as the upstream's failure."""
+    async with proxy(body_timeout_seconds=SHORT) as (urls, origin):
+        for path in (b"/v1/chat/completions", b"/upload"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port_of(urls))
+            writer.write(b'POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"model":' % path)
+            await writer.drain()
+            assert await closed_by_proxy(reader) == b""
+            writer.close()
+        m = await until_metrics(urls, lambda m: cut(m, "body_timeout") == 2)
+        assert value(m, "islwatch_upstream_errors_total") == 0
+        assert [seen.target for seen in origin.requests] == []  # no partial body became a request
+        # A body that arrives whole, in pieces, is relayed.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(urls))
+        writer.write(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab")
+        await writer.drain()
+        writer.write(b"cd")
+        assert (await response(reader))[0] == 200
+        writer.close()
+        assert origin.requests[-1].body == b"abcd"
+
+
+async def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() -> None:
+    async with proxy(idle_timeout_seconds=SHORT) as (urls, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(urls))
+        writer.write(GET)
+        assert (await response(reader))[0] == 200  # kept alive (HTTP/1.1), then idle
+        assert await closed_by_proxy(reader) == b""
+        writer.close()
+        silent, silent_writer = await asyncio.open_connection("127.0.0.1", port_of(urls))
+        assert await closed_by_proxy(silent) == b""  # one that never sends a byte goes the same way
+        silent_writer.close()
+        m = await metrics(urls)
+        assert value(m, "islwatch_client_connections_cut_total") == 0  # idle is not a cut: nothing was lost
+        assert value(m, "islwatch_client_connections") == 0
+
+
+async def test_connections_past_the_cap_are_closed_and_counted_while_the_others_work() -> None:
+    cap = 4
+    async with proxy(max_connections=cap) as (urls, _):
+        conns = [await asyncio.open_connection("127.0.0.1", port_of(urls)) for _ in range(cap)]
+        await until_metrics(urls, lambda m: value(m, "islwatch_client_connections") == cap)
+        extra, extra_writer = await asyncio.open_connection(
+            "127.0.0.1", port_of(urls)
+        )  # accepted, then closed
+        extra_writer.write(GET)
+        assert await closed_by_proxy(extra) == b""
+        extra_writer.close()
+        m = await metrics(urls)
+        assert cut(m, "connection_cap") == 1 and value(m, "islwatch_client_connections") == cap
+        for reader, writer in conns:  # the connections already open are served, twice each
+            for _ in range(2):
+                writer.write(GET)
+                assert (await response(reader))[0] == 200
+        conns[0][1].close()
+        await until_metrics(urls, lambda m: value(m, "islwatch_client_connections") == cap - 1)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(urls))  # room again
+        writer.write(GET)
+        assert (await response(reader))[0] == 200
+        for _, w in [*conns[1:], (reader, writer)]:
+            w.close()
+        await eventually_async(
+            lambda: metrics(urls),
+            until=lambda m: value(m, "islwatch_client_connections") == 0,
+            what="every connection closed",
+        )
