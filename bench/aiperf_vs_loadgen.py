@@ -20,7 +20,7 @@ per-request records (the same formula for both), is at least 95% of the offered 
 
 Needs AIPerf in its own venv: `bash scripts/install_aiperf.sh` (cached under ~/.cache/islwatch/aiperf-0.13).
 Usage: python -m bench.aiperf_vs_loadgen [--tokenizers a,b] [--isl 512] [--rates 25,50,100,200] [--quick]
-Writes bench/results/aiperf_vs_loadgen-*.json and the "AIPerf vs islwatch loadgen" section of bench/LATEST.md.
+Writes bench/results/aiperf_vs_loadgen-*.json and rewrites bench/LATEST.md (bench/report.py).
 """
 
 from __future__ import annotations
@@ -35,15 +35,14 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench._common import BENCH, REPO, SHARED_TOKENIZERS, machine, pct, write_result
+from bench._common import REPO, SHARED_TOKENIZERS, machine, pct, write_result
 from bench.proxy_overhead import free_port, start
+from bench.report import HELD, aiperf_section, write_latest
 from loadgen import proxymetrics
 
 AIPERF = Path(os.environ.get("ISLWATCH_CACHE", Path.home() / ".cache/islwatch")) / "aiperf-0.13/bin/aiperf"
 TOOLS = ("aiperf", "aiperf --apply-chat-template", "islwatch")
-HELD = 0.95
 NO_SYSTEM = {"mistral-7b-instruct-v0.1"}  # its template refuses a system message
-SECTION = "## AIPerf vs islwatch loadgen (`python -m bench.aiperf_vs_loadgen`)"
 
 
 def aiperf_binary() -> str:
@@ -195,47 +194,6 @@ def highest_held(ladder: list[dict[str, Any]], tool: str) -> float | None:
     return best
 
 
-def _f(v: Any, fmt: str = ".1f") -> str:
-    return "-" if v is None else format(v, fmt)
-
-
-def section(d: dict[str, Any]) -> list[str]:
-    m = d["machine"]
-    out = [SECTION, "",
-           f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, AIPerf {d['aiperf_version']}; 1-min load "
-           f"average at the end: {_f(m['load_1m'], '.2f')}. `islwatch emulate` behind `islwatch proxy`, streaming chat, "
-           f"ISL {d['isl']}, OSL {d['osl']}; {d['requests']} requests per tool and tokenizer at concurrency "
-           f"{d['concurrency']}.", "",
-           "| tokenizer | shape | tool | requested | server count == requested | mean abs(server - requested) | "
-           "mean server count (records / proxy) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in d["exactness"]:
-        share = "-" if r["exact_share"] is None else f"{r['exact_share']:.1%} of {r['served']}"
-        out.append(f"| {r['tokenizer']} | {r['shape']} | {r['tool']} | {r['requested']} | {share} | {_f(r['mean_abs_error'], '.2f')} | "
-                   f"{_f(r['mean_server'])} / {_f(r['proxy_mean_server'])} |")  # fmt: skip
-    out += ["", f"Open loop, constant arrivals, {d['seconds']:g} s per rate, on {d['exactness'][0]['tokenizer']}; "
-            f"held = no failed request and achieved send rate >= {HELD:.0%} of offered.", "",
-            "| tool | offered req/s | requests | failed | achieved req/s | latency p50 / p99 ms | held |",
-            "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in d["rates"]:
-        out.append(f"| {r['tool']} | {r['rate']:g} | {r['requests']} | {r['failed']} | {_f(r['achieved_rps'])} | "
-                   f"{_f(r['latency_p50_ms'], '.2f')} / {_f(r['latency_p99_ms'], '.2f')} | {r['held']} |")  # fmt: skip
-    held = ", ".join(f"{t}: {_f(d['highest_held'][t], 'g')}" for t in d["highest_held"])
-    return [*out, "", f"Highest rate held (every lower rate held too): {held} req/s.", ""]
-
-
-def write_section(lines: list[str]) -> Path:
-    """Replace (or append) this benchmark's section of bench/LATEST.md, leaving the others as they are."""
-    path = BENCH / "LATEST.md"
-    text = path.read_text() if path.exists() else "# Latest benchmark figures\n"
-    head, sep, rest = text.partition(SECTION)
-    tail = ""
-    if sep:
-        nxt = rest.find("\n## ")
-        tail = rest[nxt + 1 :] if nxt >= 0 else ""
-    path.write_text(head.rstrip("\n") + "\n\n" + "\n".join(lines) + ("\n" + tail if tail else ""))
-    return path
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokenizers", default="qwen2.5-instruct,llama-3-8b-instruct,mistral-7b-instruct-v0.1,"
@@ -263,10 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         t: highest_held(data["rates"], t) for t in ("aiperf --apply-chat-template", "islwatch")
     }
     print(f"wrote {write_result('aiperf_vs_loadgen', data)}")
-    lines = section(data)
-    print("\n".join(lines))
+    print("\n".join(aiperf_section(data)))
     if not args.quick:
-        print(f"wrote {write_section(lines)}")
+        print(f"wrote {write_latest()}")
     return 0
 
 

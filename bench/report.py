@@ -9,6 +9,8 @@ from typing import Any
 from bench._common import BENCH, RESULTS
 
 LATEST = BENCH / "LATEST.md"
+AIPERF_SECTION = "## AIPerf vs islwatch loadgen (`python -m bench.aiperf_vs_loadgen`)"
+HELD = 0.95  # a rate is held: no failed request, and the achieved send rate >= this share of the offered
 NOTES = [
     "## Reading these figures",
     "",
@@ -125,6 +127,30 @@ def loadgen_section(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def aiperf_section(d: dict[str, Any]) -> list[str]:
+    m = d["machine"]
+    out = [AIPERF_SECTION, "",
+           f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, AIPerf {d['aiperf_version']}; 1-min load "
+           f"average at the end: {_f(m['load_1m'], '.2f')}. `islwatch emulate` behind `islwatch proxy`, streaming chat, "
+           f"ISL {d['isl']}, OSL {d['osl']}; {d['requests']} requests per tool and tokenizer at concurrency "
+           f"{d['concurrency']}.", "",
+           "| tokenizer | shape | tool | requested | server count == requested | mean abs(server - requested) | "
+           "mean server count (records / proxy) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in d["exactness"]:
+        share = "-" if r["exact_share"] is None else f"{r['exact_share']:.1%} of {r['served']}"
+        out.append(f"| {r['tokenizer']} | {r['shape']} | {r['tool']} | {r['requested']} | {share} | {_f(r['mean_abs_error'], '.2f')} | "
+                   f"{_f(r['mean_server'], '.1f')} / {_f(r['proxy_mean_server'], '.1f')} |")  # fmt: skip
+    out += ["", f"Open loop, constant arrivals, {d['seconds']:g} s per rate, on {d['exactness'][0]['tokenizer']}; "
+            f"held = no failed request and achieved send rate >= {HELD:.0%} of offered.", "",
+            "| tool | offered req/s | requests | failed | achieved req/s | latency p50 / p99 ms | held |",
+            "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in d["rates"]:
+        out.append(f"| {r['tool']} | {r['rate']:g} | {r['requests']} | {r['failed']} | {_f(r['achieved_rps'], '.1f')} | "
+                   f"{_f(r['latency_p50_ms'], '.2f')} / {_f(r['latency_p99_ms'], '.2f')} | {r['held']} |")  # fmt: skip
+    held = ", ".join(f"{t}: {_f(d['highest_held'][t], 'g')}" for t in d["highest_held"])
+    return [*out, "", f"Highest rate held (every lower rate held too): {held} req/s.", ""]
+
+
 def write_latest() -> Path:
     lines = [
         "# Latest benchmark figures",
@@ -137,6 +163,7 @@ def write_latest() -> Path:
         ("analysis_cost", analysis_section),
         ("proxy_overhead", overhead_section),
         ("loadgen_capacity", loadgen_section),
+        ("aiperf_vs_loadgen", aiperf_section),
     ):
         d = _load(name)
         lines += section(d) if d else [f"## {name}", "", "No results yet.", ""]

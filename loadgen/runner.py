@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from proxy.server.upstream import _retryable, trace_reuse
+from proxy.server.upstream import retryable, trace_reuse
 
 from .arrivals import open_loop_offsets, user_starts
 from .config import LoadgenConfig
@@ -43,7 +43,7 @@ async def send(session: aiohttp.ClientSession, url: str, req: Request, cfg: Load
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             # A kept-alive connection the server had closed (llama-server does after a stream): the request
             # never reached it, so it goes once more on a new connection, as the proxy does (upstream.py).
-            if attempt == 1 and not answered and _retryable(exc, trace["reused"], req.wire):
+            if attempt == 1 and not answered and retryable(exc, trace["reused"], req.wire):
                 continue
             return failed(type(exc).__name__)
         return json_outcome(resp.status, raw, (end - start) * 1000)

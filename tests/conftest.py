@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from proxy.core.tokenizer import LoadedTokenizer, load_tokenizer
+from tests.lifetimes import note_order, release_finished
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("ISLWATCH_SHARED", REPO.parent / "shared"))
@@ -57,3 +58,11 @@ def shared_family(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def shared_tok(shared_family: str) -> Any:
     return load_shared(shared_family).tokenizer
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    note_order([(item.nodeid, item.path) for item in session.items])
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    release_finished(item.nodeid)

@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from proxy.core.fast import best_encoder
     from proxy.core.flavor import count_as, flavored_tokenizer
     from proxy.core.tokenizer import TokenizerLoadError, load_tokenizer
+    from proxy.core.vision import image_model_for
 
     try:
         raw = sys.stdin.buffer.read() if args.file == "-" else open(args.file, "rb").read()  # noqa: SIM115
@@ -56,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     except TokenizerLoadError as exc:
         print(f"islwatch count: {exc}", file=sys.stderr)
         return 2
-    encoder = best_encoder(flavored_tokenizer(loaded.tokenizer, args.server_flavor))
+    tok = flavored_tokenizer(loaded.tokenizer, args.server_flavor)
+    encoder = best_encoder(tok, images=image_model_for(args.server_flavor, tok))
     streamed = isinstance(body, dict) and body.get("stream") is True
     result = count_as(args.server_flavor, encoder, args.endpoint, body, streamed)
     if result.fallback_reason == INVALID_BODY:

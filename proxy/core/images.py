@@ -186,9 +186,9 @@ IMAGE_OUTCOMES = (COUNTED, URL, UNREADABLE, UNMODELED)
 
 @dataclass(frozen=True)
 class ImageModel:
-    """What one served model's server does to images: the rule with the server's --mm-processor-kwargs
-    applied, and whether the server takes per-request mm_processor_kwargs (--trust-request-mm-kwargs;
-    without it vLLM answers 400 to a request that carries them)."""
+    """What one served model's server does to images: the model's rule, the server's --mm-processor-kwargs
+    (merged under each request's, as vLLM merges them), and whether the server takes per-request
+    mm_processor_kwargs (--trust-request-mm-kwargs; without it vLLM answers 400 to a request carrying them)."""
 
     rule: QwenVLRule  # from preprocessor_config.json
     server_kwargs: Mapping[str, Any] = field(default_factory=dict)  # --mm-processor-kwargs (modelled ones)

@@ -37,6 +37,7 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "chat_template.json",
     "tekken.json",
+    "preprocessor_config.json",  # the image rule (core/vision.py) reads it: a change is a tokenizer change
 )
 
 # The Mistral-7B-Instruct-v0.1 chat template (HF revision 9ab9e76e), the one paired with the

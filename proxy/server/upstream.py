@@ -87,7 +87,7 @@ def trace_reuse() -> aiohttp.TraceConfig:
     return trace
 
 
-def _retryable(exc: BaseException, reused: bool, data: Any) -> bool:
+def retryable(exc: BaseException, reused: bool, data: Any) -> bool:
     """A server that closed a kept-alive connection as we reused it never saw the request (RFC 9112 9.3.1:
     a client may retry what it knows was not applied; Envoy's `reset-before-request`): no response byte
     arrived, and the body can be sent again."""
@@ -121,7 +121,7 @@ async def open_upstream(
             kind = failure_kind(exc)
             if kind is None:
                 raise
-            if attempt == 1 and _retryable(exc, trace["reused"], data):
+            if attempt == 1 and retryable(exc, trace["reused"], data):
                 on_retry()
                 continue
             detail = (

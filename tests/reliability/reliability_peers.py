@@ -137,30 +137,23 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def socket_inodes(pid: int) -> set[str]:
-    """The inodes of the process's open sockets (`socket:[N]` links)."""
-    out = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            out.add(target[8:-1])
-    return out
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:  # closed since it was listed
+        return ""
 
 
 def tcp_peers(pid: int, port: int, local: bool = False) -> int:
     """How many of the process's TCP sockets (any state but LISTEN) are connected to `port`, or with
-    `local`, were accepted on `port`."""
-    inodes = socket_inodes(pid)
-    n = 0
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        cols = line.split()
-        address, state, inode = cols[1 if local else 2], cols[3], cols[9]
-        if inode in inodes and state != "0A" and int(address.split(":")[1], 16) == port:
-            n += 1
-    return n
+    `local`, were accepted on `port` (its `socket:[inode]` fds matched against /proc/net/tcp)."""
+    links = (_readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+    inodes = {link[8:-1] for link in links if link.startswith("socket:[")}
+    rows = (line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:])
+    return sum(
+        1 for cols in rows
+        if cols[9] in inodes and cols[3] != "0A" and int(cols[1 if local else 2].split(":")[1], 16) == port
+    )  # fmt: skip
 
 
 # ---- a strict origin that records what it receives ----------------------------------------------------------
@@ -173,15 +166,20 @@ class Malformed(Exception):
     """What the origin received is not one well-framed HTTP/1.1 request (RFC 9112)."""
 
 
+class _Fields:
+    headers: tuple[tuple[bytes, bytes], ...]
+
+    def header(self, name: bytes) -> list[bytes]:
+        """Every value of the field `name` (any case), in order."""
+        return [v for k, v in self.headers if k.lower() == name.lower()]
+
+
 @dataclass(frozen=True)
-class Seen:
+class Seen(_Fields):
     method: str
     target: str
     headers: tuple[tuple[bytes, bytes], ...]
     body: bytes
-
-    def header(self, name: bytes) -> list[bytes]:
-        return [v for k, v in self.headers if k.lower() == name.lower()]
 
 
 def _chunked(buf: bytes, at: int) -> tuple[bytes, int] | None:
@@ -262,6 +260,8 @@ class Origin:
     requests: list[Seen] = field(default_factory=list)
     malformed: list[str] = field(default_factory=list)
     replies: list[bytes] = field(default_factory=list)  # canned answers for the next requests, else an echo
+    hold: bool = False  # record requests without answering them
+    closed_by_peer: int = 0  # connections the other side closed
 
     @property
     def url(self) -> str:
@@ -282,6 +282,9 @@ class _OriginProtocol(asyncio.Protocol):
         self.raw = bytearray()
         self.origin.raw.append(self.raw)
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.origin.closed_by_peer += 1
+
     def data_received(self, data: bytes) -> None:
         self.raw += data
         self.origin.stream += data
@@ -298,6 +301,8 @@ class _OriginProtocol(asyncio.Protocol):
             seen, used = got
             self.buf = self.buf[used:]
             self.origin.requests.append(seen)
+            if self.origin.hold:
+                continue
             if self.origin.replies:
                 self.transport.write(self.origin.replies.pop(0))
                 continue
@@ -325,13 +330,10 @@ async def recording_origin() -> AsyncIterator[Origin]:
 
 
 @dataclass(frozen=True)
-class Response:
+class Response(_Fields):
     status: int
     headers: tuple[tuple[bytes, bytes], ...]
     body: bytes
-
-    def header(self, name: bytes) -> list[bytes]:
-        return [v for k, v in self.headers if k.lower() == name.lower()]
 
     def echo(self) -> dict[str, str]:
         """The recording origin's echo of the request it parsed."""
@@ -368,7 +370,8 @@ async def _read_response(reader: asyncio.StreamReader) -> Response | None:
 
 async def exchange(port: int, payload: bytes, sentinel: bool = True) -> Exchange:
     """Send `payload` raw, then (when `sentinel`) one well-formed GET /sentinel on the same connection, and
-    read responses until the sentinel's answer or the server closes: no idle wait decides anything."""
+    read responses until the sentinel's answer or the server closes: no idle wait decides anything.
+    Without the sentinel, the first response ends the exchange (`closed` then says nothing)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(payload + (SENTINEL if sentinel else b""))

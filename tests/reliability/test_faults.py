@@ -1,8 +1,9 @@
-"""Faults, with the proxy as a process (`islwatch proxy`) in front of `islwatch emulate` processes: clients
+"""Faults, with the proxy as a process (`islwatch proxy`) in front of an `islwatch emulate` process: clients
 that go away mid-request and mid-stream (counted, the upstream connection released), the upstream killed
 and restarted (during the outage the client gets the proxy's 502, where a direct client's connection is
-refused; afterwards traffic flows and /readyz says so), and resets mid-stream (the client gets the same
-bytes and the same truncation as a direct client). Each wait is on an event (eventually), never a sleep.
+refused; afterwards traffic flows and /readyz says so), and resets mid-stream (an in-process emulator with
+the `reset-mid-stream` fault: the client gets the same bytes and the same truncation as a direct client).
+Each wait is on an event (eventually), never a sleep.
 """
 
 from __future__ import annotations
@@ -19,7 +20,16 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from reliability_peers import Child, free_port, running, start_emulator, start_proxy, stop, tcp_peers
+from reliability_peers import (
+    Child,
+    free_port,
+    recording_origin,
+    running,
+    start_emulator,
+    start_proxy,
+    stop,
+    tcp_peers,
+)
 
 from proxy.emulator.app import EmulatorConfig, build_emulator_app
 from proxy.emulator.faults import parse_faults
@@ -40,8 +50,7 @@ class Peers:
     logs: Path
 
     def metrics(self) -> dict[Any, float]:
-        with urllib.request.urlopen(self.proxy.admin_url + "/metrics", timeout=10) as r:
-            return parse_metrics(r.read().decode())
+        return scrape(self.proxy.admin_url)
 
     def emulator_stats(self) -> dict[str, int]:
         with urllib.request.urlopen(self.emulator.url + "/emulator/stats", timeout=10) as r:
@@ -49,6 +58,11 @@ class Peers:
 
     def upstream_conns(self) -> int:
         return tcp_peers(self.proxy.proc.pid, self.emulator.port)
+
+
+def scrape(admin_url: str) -> dict[Any, float]:
+    with urllib.request.urlopen(admin_url + "/metrics", timeout=10) as r:
+        return parse_metrics(r.read().decode())
 
 
 def readyz(p: Peers) -> tuple[int, dict[str, Any]]:
@@ -135,6 +149,29 @@ def test_client_gone_mid_stream_releases_the_upstream_and_is_counted(peers: Peer
     )
     status, body = asyncio.run(post(peers.proxy.url, CHAT))
     assert status == 200 and orjson.loads(body)["usage"]["completion_tokens"] == 2
+
+
+def test_client_gone_while_the_answer_is_awaited_closes_the_upstream_request_and_is_counted() -> None:
+    """The upstream has the request and has not answered yet (an origin that holds it) when the client
+    leaves: the proxy closes its upstream connection at once and counts `stage="upstream"`."""
+    bg = Background()
+    try:
+        origin = bg.enter(recording_origin())
+        proxy = bg.enter(run_proxy(proxy_config(origin.url, tokenizer="none", server_probe="off")))
+        origin.hold = True
+        with socket.create_connection(("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]))) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            eventually(lambda: len(origin.requests), until=lambda n: n == 1, what="the origin holding it")
+        eventually(lambda: origin.closed_by_peer, until=lambda n: n == 1, what="the upstream request closed")
+        m = eventually(
+            lambda: scrape(proxy.admin_url),
+            until=lambda m: value(m, "islwatch_client_disconnects_total", stage="upstream") == 1,
+            what="the disconnect counted",
+            describe=disconnects,
+        )
+        assert value(m, "islwatch_upstream_errors_total") == 0  # the client left: not the upstream's fault
+    finally:
+        bg.close()
 
 
 async def failure_of(base: str) -> str:
@@ -229,9 +266,7 @@ def test_reset_mid_stream_reaches_the_client_as_the_same_failure(resetting: tupl
     # not: so one may hold a few more chunks than the other, never different ones).
     shorter, longer = sorted((direct[0], proxied[0]), key=len)
     assert longer.startswith(shorter) and shorter.startswith(b"data: "), (direct, proxied)
-    with urllib.request.urlopen(admin + "/metrics", timeout=10) as r:
-        m = parse_metrics(r.read().decode())
-    assert value(m, "islwatch_upstream_errors_total", kind="reset") == 1
+    assert value(scrape(admin), "islwatch_upstream_errors_total", kind="reset") == 1
     # The next request is served whole (a non-streamed answer is never cut by this fault).
     status, body = asyncio.run(post(proxy, CHAT))
     assert status == 200 and orjson.loads(body)["usage"]["completion_tokens"] == 2

@@ -7,7 +7,9 @@ oracle that fails to start is a failure, not a skip.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from vllm_server.vllm_proc import tiny_model
 
 from proxy.core.fast import best_encoder
 from tests.conftest import SHARED_TOKENIZERS, load_shared
+from tests.lifetimes import release_after_directory
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +44,7 @@ def oracles(sglang_python: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             started[family] = launch(sglang_python, family, model, logs / f"{family}.log")
         for oracle in started.values():
             oracle.wait_ready()
+            release_after_directory(Path(__file__).parent, functools.partial(stop, oracle))
         yield started
     finally:
         for oracle in started.values():

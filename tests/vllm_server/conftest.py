@@ -7,8 +7,10 @@ server that fails to start is a failure, not a skip.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +29,7 @@ from vllm_proc import (
 )
 
 from tests.conftest import SHARED_TOKENIZERS, load_shared
+from tests.lifetimes import release_after_directory
 from tests.server.helpers import Background, proxy_config
 
 EMBED_FAMILY = "qwen2.5-instruct"
@@ -62,6 +65,8 @@ def vllm_servers(
             servers[key] = server
         for key, server in servers.items():
             wait_healthy(procs[key], server)
+        for proc in procs.values():
+            release_after_directory(Path(__file__).parent, functools.partial(stop, proc))
         yield servers
     finally:
         for proc in procs.values():
