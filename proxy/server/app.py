@@ -24,7 +24,7 @@ from proxy.server.analyzer import AnalysisSpec
 from proxy.server.config import ProxyConfig
 from proxy.server.engine_metrics import EngineScraper
 from proxy.server.guard import Guard, Limits, ServerLog, ensure_fd_limit, track_requests
-from proxy.server.handler import CONTEXT, SESSION, ProxyContext, handle
+from proxy.server.handler import CONTEXT, FRESH_SESSION, SESSION, ProxyContext, handle
 from proxy.server.inspect import Policy
 from proxy.server.metrics import build_metrics
 from proxy.server.pool import AnalysisPool
@@ -97,7 +97,8 @@ def build_apps(
         interval = config.upstream_metrics_interval_seconds
         scraper = EngineScraper(config.upstream_metrics_url, interval, metrics, context.problems)
         traffic.cleanup_ctx.append(scraper.ctx)
-    traffic.router.add_route("*", "/{tail:.*}", handle)
+    # Every path is relayed; `[\s\S]` because `.` would not match a decoded newline (`/a%0ab` answered 404).
+    traffic.router.add_route("*", r"/{tail:[\s\S]*}", handle)
 
     health = config.upstream + config.upstream_health_path if config.upstream_health_path else None
     return traffic, build_admin(pool, metrics, health, probe)
@@ -111,18 +112,24 @@ def upstream_session(timeout_seconds: float) -> Callable[[web.Application], Asyn
         sock_read=timeout_seconds,  # per read: long streams are fine, a stalled one is not
     )
 
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
-        session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=KEEPALIVE_SECONDS),
+    def session(connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=connector,
             trace_configs=[trace_reuse()],  # which requests went out on a pooled connection
             timeout=timeout,
             auto_decompress=False,  # relay compressed bytes as they are
             cookie_jar=aiohttp.DummyCookieJar(),  # never carry one client's cookies to another's request
             trust_env=False,  # the upstream is the configured URL, not whatever HTTP_PROXY says
         )
-        app[SESSION] = session
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        app[SESSION] = session(
+            aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=KEEPALIVE_SECONDS)
+        )
+        app[FRESH_SESSION] = session(aiohttp.TCPConnector(limit=0, force_close=True))
         yield
-        await session.close()
+        await app[SESSION].close()
+        await app[FRESH_SESSION].close()
 
     return ctx
 

@@ -35,6 +35,7 @@ class ProxyContext:
 
 CONTEXT = web.AppKey("context", ProxyContext)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
+FRESH_SESSION = web.AppKey("fresh_session", aiohttp.ClientSession)  # never pooled: the one retry goes here
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
@@ -51,7 +52,12 @@ async def handle(request: web.Request) -> web.StreamResponse:
         stage = "upstream"
         try:
             upstream = await open_upstream(
-                request.app[SESSION], ctx.upstream, request, req.data, ctx.metrics.upstream_retried
+                request.app[SESSION],
+                ctx.upstream,
+                request,
+                req.data,
+                ctx.metrics.upstream_retried,
+                request.app[FRESH_SESSION],
             )
         except UpstreamFailed as exc:
             status = FAILURE_STATUS[exc.kind]

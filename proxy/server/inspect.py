@@ -101,6 +101,11 @@ async def inspect(request: web.Request, policy: Policy, metrics: Metrics, proble
         return Inspected(endpoint, None)
     chunks = body_chunks(request, policy.body_timeout, metrics, problems)
     if endpoint is None:
+        # A body of known, bounded length is read whole even here, so that a request lost on a stale pooled
+        # connection can be sent again (upstream.retryable needs bytes); any other body streams through.
+        if request.content_length is not None and request.content_length <= policy.max_body_bytes:
+            body, _ = await read_limited(chunks, policy.max_body_bytes)
+            return Inspected(endpoint, body)
         return Inspected(endpoint, chunks)
     body, complete = await read_limited(chunks, policy.max_body_bytes)
     if not complete:

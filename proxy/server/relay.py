@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 import aiohttp
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from proxy.core.buffers import JSON_WHOLE_BYTES, JSONUsageWindow
 from proxy.core.usage import SSEUsageParser, SSEUsageStripper, Usage
@@ -53,10 +53,25 @@ class UsageTap:
         return self.json.kept() if self.json is not None else None
 
 
+class RelayedResponse(web.StreamResponse):
+    """A StreamResponse that adds none of aiohttp's own fields: `StreamResponse._prepare_headers` sets
+    `Server: Python/... aiohttp/...` and, on a body without a type, `Content-Type: application/octet-stream`
+    (RFC 9110 8.3 lets a sender that does not know the type leave the field out; the upstream did). `Date`
+    stays: RFC 9110 6.6.1 asks a recipient that forwards a response without one to add it."""
+
+    _ADDED = (hdrs.SERVER, hdrs.CONTENT_TYPE)
+
+    async def _prepare_headers(self) -> None:
+        absent = [name for name in self._ADDED if name not in self.headers]
+        await super()._prepare_headers()
+        for name in absent:
+            self.headers.popall(name, None)
+
+
 def client_response(upstream: aiohttp.ClientResponse, injected: bool) -> web.StreamResponse:
     """Same status, reason and headers as the upstream's (minus hop-by-hop; minus the length when the
     injected usage is stripped from the body), each field line as the upstream sent it (headers.py)."""
-    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+    response = RelayedResponse(status=upstream.status, reason=upstream.reason)
     response.headers.extend(forward_headers(upstream.raw_headers, drop_length=injected))
     return response
 

@@ -103,9 +103,12 @@ async def open_upstream(
     request: web.Request,
     data: Any,
     on_retry: Callable[[], None] = lambda: None,
+    fresh: aiohttp.ClientSession | None = None,
 ) -> aiohttp.ClientResponse:
     """Send the request upstream and wait for its status line and headers; raises UpstreamFailed. A request
-    lost on a reused connection before any response byte is sent once more, on a new connection."""
+    lost on a reused connection before any response byte is sent once more, on a new connection: through
+    `fresh` (a session that never pools), since the pool's other idle connections may be closed as well
+    (llama-server closes each after a stream)."""
     # The client's Content-Length goes as sent while it is still the body's length (not when the body was
     # rewritten to ask for usage); aiohttp adds one only when none is given (ClientRequest.update_body_from_data).
     resized = isinstance(data, bytes) and request.content_length != len(data)
@@ -113,7 +116,7 @@ async def open_upstream(
     for attempt in (1, 2):
         trace: dict[str, bool] = {"reused": False}
         try:
-            return await session.request(
+            return await (session if attempt == 1 or fresh is None else fresh).request(
                 request.method, upstream_url(base, request), headers=headers, data=data,
                 allow_redirects=False, skip_auto_headers=SKIP_AUTO_HEADERS, trace_request_ctx=trace,
             )  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import socket
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -164,6 +165,25 @@ def test_request_fields_named_by_connection_are_dropped_in_any_case(servers: Ser
     assert crossed(sent, received)[1] == [b"X-Kept: 3"]
 
 
+@pytest.mark.parametrize("path", [b"/v1/a%0ab", b"/v1/a%0Db", b"/%0a"])
+def test_request_paths_with_encoded_line_breaks_are_relayed_as_sent(servers: Servers, path: bytes) -> None:
+    expected = answer(servers.upstream, b"HTTP/1.1 200 OK", [DATE.rstrip(), b"X-Only: 1"], b"ok")
+    response, received = exchange(servers, b"GET " + path + b" HTTP/1.1\r\nHost: proxy\r\n\r\n")
+    assert received.startswith(b"GET " + path + b" HTTP/1.1\r\n")
+    assert response == expected
+
+
+@pytest.mark.parametrize("path", [b"/v1/chat/completions", b"/other"])
+def test_a_compressed_request_body_reaches_the_upstream_compressed(servers: Servers, path: bytes) -> None:
+    """aiohttp's server inflates `Content-Encoding: gzip` bodies by default; the proxy relays them as sent."""
+    body = gzip.compress(BODY)
+    head = b"POST " + path + b" HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+    head += b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body)
+    _, received = exchange(servers, head + body)
+    assert received.endswith(b"\r\n\r\n" + body)
+    assert b"Content-Encoding: gzip\r\n" in received
+
+
 # ---- responses ------------------------------------------------------------------------------------------
 
 
@@ -212,6 +232,14 @@ def test_response_repeated_set_cookie_keeps_every_line_spelling_and_order(server
         ],
         b"{}",
     )
+    response, _ = exchange(servers, GET)
+    assert response == expected
+
+
+def test_response_without_server_or_type_gets_neither_from_the_proxy(servers: Servers) -> None:
+    """aiohttp would add `Server: Python/... aiohttp/...` and `Content-Type: application/octet-stream`
+    (vLLM's /health answers with neither); the client must get the upstream's fields alone."""
+    expected = answer(servers.upstream, b"HTTP/1.1 200 OK", [DATE.rstrip(), b"X-Only: 1"], b"ok")
     response, _ = exchange(servers, GET)
     assert response == expected
 
