@@ -3,9 +3,10 @@
 Pure: counts in (loadgen/scenemetrics.py reads them), numbers and sentences out. The alert conditions are
 those of deploy/prometheus/alerts.yml, evaluated over the scene instead of a rate window: a scene is one
 burst of traffic, so "the ratio over the last 5 minutes" is the ratio over the scene. The demo serves one
-model, so the rules' `by (model)` is the sum. Two rules need Prometheus's own view and are left out:
+model, so the rules' `by (model)` is the sum. Three rules are left out: two need Prometheus's own view,
 IslwatchProxyDown (`up == 0`: a proxy that answered the scrape is up) and IslwatchTokenizerIdentityDiverged
-(hashes compared across replicas).
+(hashes compared across replicas); IslwatchEngineTokensUnaccounted needs the engine's own counters
+(`--upstream-metrics-url`), which the demo's emulator does not export.
 """
 
 from __future__ import annotations

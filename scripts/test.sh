@@ -51,4 +51,4 @@ fi
 if [ -f scripts/check_rules.sh ]; then
   bash scripts/check_rules.sh
 fi
-exec python3 -m pytest -q -p no:cacheprovider "$@"
+exec python3 -m pytest -q -p no:cacheprovider --durations=15 "$@"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -28,35 +28,20 @@ from proxy.core.vision import image_model_for
 from proxy.parity.gate import startup_self_check
 from proxy.server.dump import MismatchDumper
 from proxy.server.problems import traceback_line
-from proxy.server.records import DEFAULT_KEY, DEFAULT_LABEL, AnalysisJob, AnalysisOutcome, TokenizerReport
+# AnalysisSpec lives in records.py so the event-loop process can build one without importing transformers.
+from proxy.server.records import (
+    DEFAULT_KEY,
+    DEFAULT_LABEL,
+    AnalysisJob,
+    AnalysisOutcome,
+    AnalysisSpec,
+    TokenizerReport,
+)
 
 log = logging.getLogger("islwatch.analysis")
 
 # Fallback reasons that mean "counted without the template" (exported in islwatch_fallback_total).
 _FALLBACKS_COUNTED = ("no_template", "template_error")
-
-
-@dataclass(frozen=True)
-class AnalysisSpec:
-    """What a worker needs to load its state; plain values, so it crosses to a worker process as JSON."""
-
-    tokenizers: tuple[tuple[str, str], ...]  # (key, spec); key DEFAULT_KEY is the default tokenizer
-    chat_template: str | None = None
-    trust_remote_code: bool = False
-    dump_dir: str | None = None
-    dump_max: int = 100
-    server_flavor: str = "vllm"
-    mm_processor_kwargs: dict[str, Any] | None = None  # the server's --mm-processor-kwargs (image counts)
-    trust_request_mm_kwargs: bool = False  # the server runs with --trust-request-mm-kwargs
-
-    def to_json(self) -> str:
-        return orjson.dumps(asdict(self)).decode()
-
-    @classmethod
-    def from_json(cls, text: str) -> AnalysisSpec:
-        fields = orjson.loads(text)
-        fields["tokenizers"] = tuple((str(k), str(v)) for k, v in fields["tokenizers"])
-        return cls(**fields)
 
 
 @dataclass

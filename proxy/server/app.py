@@ -20,7 +20,6 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from proxy.server.admin import POOL, build_admin, reload_tokenizers
-from proxy.server.analyzer import AnalysisSpec
 from proxy.server.config import ProxyConfig
 from proxy.server.engine_metrics import EngineScraper
 from proxy.server.guard import Guard, Limits, ServerLog, ensure_fd_limit, track_requests
@@ -29,7 +28,7 @@ from proxy.server.inspect import Policy
 from proxy.server.metrics import build_metrics
 from proxy.server.pool import AnalysisPool
 from proxy.server.problems import ProblemLog
-from proxy.server.records import DEFAULT_KEY
+from proxy.server.records import DEFAULT_KEY, AnalysisSpec
 from proxy.server.server_probe import ServerProbe
 from proxy.server.upstream import KEEPALIVE_SECONDS, trace_reuse
 
@@ -75,6 +74,7 @@ def build_apps(
         max_body_bytes=config.max_body_bytes,
         inject_stream_usage=config.inject_stream_usage,
         body_timeout=config.body_timeout_seconds,
+        sample_rate=config.analysis_sample_rate,
     )
     context = ProxyContext(config.upstream, metrics, pool, policy, ProblemLog(log))
 

@@ -51,6 +51,9 @@ class ProxyConfig(BaseModel):
     analysis_workers: int = Field(default=1, ge=1, le=64)
     analysis_queue: int = Field(default=256, ge=1)
     analysis_mode: Literal["process", "thread"] = "process"
+    # The fraction of analysable requests that are analysed (inspect.Policy.sampled); the rest are relayed
+    # only and counted in islwatch_analysis_skipped_total, so a sidecar can cap its analysis CPU.
+    analysis_sample_rate: float = Field(default=1.0, gt=0, le=1)
     inject_stream_usage: bool = False
     # Which server's request preparation to predict (proxy/core/flavor.py): vLLM, SGLang or llama-server.
     server_flavor: ServerFlavor = "vllm"

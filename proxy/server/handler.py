@@ -69,6 +69,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
                 ctx.metrics.upstream_error("status_5xx")
             if req.tokenizer_key is not None and 200 <= status < 300:
                 tap = UsageTap(is_event_stream(upstream), req.injected)
+            elif req.skipped and 200 <= status < 300:  # where it would have been analysed: counted once
+                ctx.metrics.skipped(req.model_label, req.endpoint_label)
             response = client_response(upstream, req.injected and tap is not None and tap.streamed)
             await _last_if_chunked(request, response).prepare(request)
             stage = "response"

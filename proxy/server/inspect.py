@@ -5,8 +5,9 @@ request only costs its analysis (counted in `islwatch_bad_requests_total`, logge
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -28,6 +29,15 @@ class Policy:
     max_body_bytes: int
     inject_stream_usage: bool
     body_timeout: float = 60.0  # longest wait for the next body bytes (guard.body_chunks)
+    sample_rate: float = 1.0  # --analysis-sample-rate
+    # Bernoulli sampling, not a stride: a stride (every k-th request) aliases with periodic traffic (a client
+    # alternating two prompts at rate 0.5 would only ever have one analysed), while an independent draw per
+    # request keeps every analysed-among-analysed ratio unbiased whatever the traffic's order. Seedable
+    # (Policy(rng=random.Random(seed))); the proxy seeds it from the OS.
+    rng: random.Random = field(default_factory=random.Random, repr=False, compare=False)
+
+    def sampled(self) -> bool:
+        return self.sample_rate >= 1.0 or self.rng.random() < self.sample_rate
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,7 @@ class Inspected:
     model_label: str = NONE_LABEL
     tokenizer_key: str | None = None  # None: not analysed
     injected: bool = False  # stream_options.include_usage was added; the answer is stripped of it again
+    skipped: bool = False  # analysable, but the sample rate left it out: relayed only, nothing tapped
 
     @property
     def endpoint_label(self) -> str:
@@ -140,13 +151,17 @@ def _routed(
     if route.unknown:
         metrics.bad_request("unknown_model")
         problems("unknown_model", "a model not in --model-tokenizer: counted as %r", route.label)
+    key = route.tokenizer_key
+    skipped = key is not None and not policy.sampled()
+    if skipped:  # no tap and no usage injection either: a skipped request costs the relay only
+        key = None
     data: bytes = body
     injected = (
         policy.inject_stream_usage
-        and route.tokenizer_key is not None
+        and key is not None
         and SHAPES[endpoint].include_usage
         and wants_injection(parsed)
     )
     if injected:  # ask for usage upstream; the tap hides it from the client again
         data = orjson.dumps({**parsed, "stream_options": {"include_usage": True}})
-    return Inspected(endpoint, data, body, parsed, route.label, route.tokenizer_key, injected)
+    return Inspected(endpoint, data, body, parsed, route.label, key, injected, skipped)

@@ -162,6 +162,12 @@ def _analysis(r: CollectorRegistry) -> dict[str, Any]:
         analysis_dropped=Counter(
             "islwatch_analysis_dropped", "Analyses dropped because the analysis queue was full", registry=r
         ),
+        analysis_skipped=Counter(
+            "islwatch_analysis_skipped",
+            "Requests relayed without analysis because --analysis-sample-rate left them out (never dropped)",
+            ["model", "endpoint"],
+            registry=r,
+        ),
         analysis_worker_exits=Counter(
             "islwatch_analysis_worker_exits",
             "Analysis worker processes that exited unexpectedly (each is restarted)",

@@ -48,6 +48,7 @@ class Metrics:
     duplicate_bos_risk: Counter
     analysis_seconds: Histogram
     analysis_dropped: Counter
+    analysis_skipped: Counter
     analysis_worker_exits: Counter
     analysis_queue_depth: Gauge
     analysis_workers_live: Gauge
@@ -119,6 +120,10 @@ class Metrics:
 
     def dropped(self, n: int = 1) -> None:
         self.analysis_dropped.inc(n)
+
+    def skipped(self, model: str, endpoint: str) -> None:
+        """A request the sample rate left out: relayed, not analysed (not a drop: nothing was lost)."""
+        self.child(self.analysis_skipped, model, endpoint).inc()
 
     def worker_exited(self) -> None:
         self.analysis_worker_exits.inc()

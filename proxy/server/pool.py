@@ -20,12 +20,10 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from proxy.server.analyzer import AnalysisSpec
 from proxy.server.metrics import Metrics
 from proxy.server.problems import ProblemLog
 from proxy.server.processes import Processes, WorkerExited
-from proxy.server.records import AnalysisJob, AnalysisOutcome, TokenizerReport
-from proxy.server.threads import Threads
+from proxy.server.records import AnalysisJob, AnalysisOutcome, AnalysisSpec, TokenizerReport
 
 log = logging.getLogger("islwatch.analysis")
 
@@ -151,6 +149,10 @@ class AnalysisPool:
 
     def _new_backend(self) -> Backend:
         if self.mode == "thread":
+            # Imported here: threads.py loads the analyzer (transformers), which the event-loop process of
+            # process-mode analysis never needs (its workers report tokenizer identities over the pipe).
+            from proxy.server.threads import Threads
+
             return Threads(self.spec, self.workers, self.finished, self._failed)
         spec_json = self.spec.to_json()
         return Processes(spec_json, self.workers, self.finished, self._lost, self._exited, self._restarted)

@@ -4,8 +4,10 @@ form is in frames.py), and the one policy both sides share: which label and toke
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
+
+import orjson
 
 from proxy.core.usage import Usage
 
@@ -32,6 +34,29 @@ def route_model(model: Any, models: frozenset[str], has_default: bool) -> ModelR
     if not models:
         return ModelRoute(DEFAULT_LABEL, default_key, False)
     return ModelRoute(OTHER_LABEL, default_key, True)
+
+
+@dataclass(frozen=True)
+class AnalysisSpec:
+    """What a worker needs to load its state; plain values, so it crosses to a worker process as JSON."""
+
+    tokenizers: tuple[tuple[str, str], ...]  # (key, spec); key DEFAULT_KEY is the default tokenizer
+    chat_template: str | None = None
+    trust_remote_code: bool = False
+    dump_dir: str | None = None
+    dump_max: int = 100
+    server_flavor: str = "vllm"
+    mm_processor_kwargs: dict[str, Any] | None = None  # the server's --mm-processor-kwargs (image counts)
+    trust_request_mm_kwargs: bool = False  # the server runs with --trust-request-mm-kwargs
+
+    def to_json(self) -> str:
+        return orjson.dumps(asdict(self)).decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> AnalysisSpec:
+        fields = orjson.loads(text)
+        fields["tokenizers"] = tuple((str(k), str(v)) for k, v in fields["tokenizers"])
+        return cls(**fields)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ def populated() -> Metrics:
     metrics.engine_scraped(None)
     metrics.engine_counted("prompt", "vllm", 6)
     metrics.dropped()
+    metrics.skipped("m", "chat")
     metrics.worker_exited()
     metrics.server_probed("m", True)
     metrics.tokenizers_loaded([TokenizerReport("", "m", IDENTITY, parity_ok=True, parity_summary="ok")])

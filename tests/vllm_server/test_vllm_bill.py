@@ -128,10 +128,17 @@ def test_usage_metrics_and_engine_counters_equal_the_usage_answered(
         lambda: metrics(admin_url),
         until=lambda m: (
             delta(m, "islwatch_usage_fields_total", field="prompt_tokens") == len(answers)
+            # each counter may reach the API server's /metrics in a later stats update than the answer
+            # (the engine core sends iteration stats apart from outputs): wait for all of them
             and engine(m, "prompt") >= prompt
+            and engine(m, "generation") >= output
+            and engine(m, "cached_prompt") >= cached
         ),
         what="the proxy's analyses and a scrape after the traffic",
-        describe=lambda m: f"engine prompt +{engine(m, 'prompt')}, usage prompt {prompt}",
+        describe=lambda m: (
+            f"engine prompt +{engine(m, 'prompt')} generation +{engine(m, 'generation')}, usage prompt "
+            f"{prompt} output {output}"
+        ),
     )
     assert delta(m, "islwatch_isl_tokens_sum", kind="server") == prompt
     assert delta(m, "islwatch_output_tokens_sum") == output
