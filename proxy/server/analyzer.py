@@ -28,6 +28,7 @@ from proxy.core.vision import image_model_for
 from proxy.parity.gate import startup_self_check
 from proxy.server.dump import MismatchDumper
 from proxy.server.problems import traceback_line
+
 # AnalysisSpec lives in records.py so the event-loop process can build one without importing transformers.
 from proxy.server.records import (
     DEFAULT_KEY,
