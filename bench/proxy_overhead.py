@@ -9,7 +9,11 @@ Reported per phase: p50/p99 latency per target, the latency each proxy adds over
 latency as a ratio of the floor's (target <= 1.2x); max throughput at concurrency 32 (target >= 0.8x the
 floor); proxy CPU seconds per 1,000 requests (analysis workers included); RSS; analysis drops.
 
-Usage: python -m bench.proxy_overhead [--tokenizer DIR] [--quick] [--no-islwatch]
+`--client wrk` drives the same contenders with wrk instead (bench/wrk.py: one fixed body, JSON and SSE, c=1,
+4, 32, wrk's coordinated-omission correction undone; results in proxy_overhead_wrk-latest.json). Targets
+there (issue 14): added p50 and p99 <= 1.2x the floor's, req/s >= 0.9x, event-loop CPU <= 1.3x.
+
+Usage: python -m bench.proxy_overhead [--tokenizer DIR] [--quick] [--no-islwatch] [--client python|wrk]
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from bench import wrk as bench_wrk
 from bench._client import tree
 from bench._common import (
     SHARED_TOKENIZERS,
@@ -184,10 +189,15 @@ def verdicts(summary: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for phase, targets in summary.items():
         vs = (targets.get("islwatch") or {}).get("vs_floor")
-        if not vs or not phase.startswith("c"):
+        if not vs or not phase.startswith(("c", "wrk-")):
             continue
         out[f"{phase} added p50 <= 1.2x floor"] = vs["added_p50"] is not None and vs["added_p50"] <= 1.2
         out[f"{phase} added p99 <= 1.2x floor"] = vs["added_p99"] is not None and vs["added_p99"] <= 1.2
+        if phase.startswith("wrk-"):
+            isl, floor = targets["islwatch"], targets["floor"]
+            out[f"{phase} req/s >= 0.9x floor"] = vs["rps"] is not None and vs["rps"] >= 0.9
+            main, floor_cpu = isl["proxy_main_cpu_s_per_1000"], floor["proxy_main_cpu_s_per_1000"]
+            out[f"{phase} event-loop CPU <= 1.3x floor"] = bool(floor_cpu) and main <= 1.3 * floor_cpu
     c32 = summary.get("c32", {}).get("islwatch", {}).get("vs_floor")
     if c32:
         out["max throughput (c32) >= 0.8x floor"] = c32["rps"] is not None and c32["rps"] >= 0.8
@@ -261,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="replay: the emulator's recorded responses (default; see bench/replay_upstream.py)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="fewer requests, one rep (a smoke run)")
     p.add_argument("--no-islwatch", action="store_true", help="direct vs floor only")
+    p.add_argument("--client", choices=("python", "wrk"), default="python",
+                   help="load client: bench/_client.py (new prompts, open-loop phases) or wrk (bench/wrk.py)")  # fmt: skip
     p.add_argument("--variant-env", action="append", default=[], metavar="KEY=VALUE",
                    help="add a second islwatch ('variant') with this environment variable (repeatable)")  # fmt: skip
     p.add_argument(
@@ -274,9 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     tok = load_tokenizer(args.tokenizer).tokenizer
     rng = random.Random(3)
     words = words_for_tokens(tok, 1000, 1)
-    plan = phases(args.quick)
-    # Every request carries a new prompt: analysis caches never make the measured traffic cheaper.
-    n_bodies = requests_per_target(plan) if args.upstream == "replay" else 200
+    plan = phases(args.quick) if args.client == "python" else bench_wrk.phases(args.quick)
+    # Every request carries a new prompt: analysis caches never make the measured traffic cheaper. (wrk sends
+    # one fixed body, the issue's conditions: the caches hit, what is left is per-request work.)
+    n_bodies = 5 if args.client == "wrk" else requests_per_target(plan) if args.upstream == "replay" else 200
     t_prep = time.perf_counter()
     bodies = [
         {"model": "bench", "max_tokens": 16, "messages": conversation(rng, 1, words)} for _ in range(n_bodies)
@@ -340,25 +353,38 @@ def main(argv: list[str] | None = None) -> int:
         cfg_file = Path(tmp) / "client.json"
         cfg_file.write_text(json.dumps(cfg))
         t0 = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "bench._client", str(cfg_file)], capture_output=True,
-                              env=env, check=False)  # fmt: skip
-        if done.returncode:
-            print(done.stderr.decode()[-3000:], file=sys.stderr)
+        if args.client == "wrk":
+            blocks = bench_wrk.run(cfg, bodies[0], args.quick)["blocks"]
+        else:
+            blocks = _python_client(cfg_file, env)
+        if blocks is None:
             return 1
-        blocks = json.loads(done.stdout)["blocks"]
 
     summary = summarize(blocks)
     print_table(summary)
     checks = verdicts(summary)
     for name, ok in checks.items():
         print(f"{'MET   ' if ok else 'MISSED'} {name}")
-    path = write_result("proxy_overhead", {
+    result = "proxy_overhead" if args.client == "python" else "proxy_overhead_wrk"
+    path = write_result(result, {
         "machine": machine(), "tokenizer": args.tokenizer, "seconds": time.perf_counter() - t0,
         "islwatch_args": args.islwatch_arg, "upstream": args.upstream, "summary": summary, "targets_met": checks,
-        "phases": plan, "variant": {"env": args.variant_env, "nice": args.variant_nice, "args": args.variant_arg}, "body_tokens": "~1000 (1-turn chat), max_tokens 16",
+        "phases": plan, "variant": {"env": args.variant_env, "nice": args.variant_nice, "args": args.variant_arg},
+        "client": args.client,
+        "body_tokens": "~1000 (1-turn chat), max_tokens 16" + (", one fixed body" if args.client == "wrk" else ""),
     })  # fmt: skip
     print(f"wrote {path}")
     return 0
+
+
+def _python_client(cfg_file: Path, env: dict[str, str]) -> list[dict[str, Any]] | None:
+    done = subprocess.run([sys.executable, "-m", "bench._client", str(cfg_file)], capture_output=True,
+                          env=env, check=False)  # fmt: skip
+    if done.returncode:
+        print(done.stderr.decode()[-3000:], file=sys.stderr)
+        return None
+    blocks: list[dict[str, Any]] = json.loads(done.stdout)["blocks"]
+    return blocks
 
 
 if __name__ == "__main__":

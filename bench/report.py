@@ -69,14 +69,20 @@ def analysis_section(d: dict[str, Any]) -> list[str]:
 
 
 def overhead_section(d: dict[str, Any]) -> list[str]:
+    wrk = d.get("client") == "wrk"
+    title = "## Proxy overhead, wrk client (`python -m bench.proxy_overhead --client wrk`)" if wrk else (
+        "## Proxy overhead (`python -m bench.proxy_overhead`)")  # fmt: skip
+    how = ("wrk 4.1, -t1, closed loop, one fixed body per block (JSON or SSE answer), its coordinated-omission "
+           "correction undone (bench/wrk.py). Targets: added p50 and p99 <= 1.2x the floor's, req/s >= 0.9x, "
+           "event-loop CPU <= 1.3x." if wrk else
+           "islwatch / floor: target <= 1.2x for added p50 and p99, >= 0.8x for throughput.")  # fmt: skip
     out = [
-        "## Proxy overhead (`python -m bench.proxy_overhead`)",
+        title,
         "",
         f"Machine: {_machine(d['machine'])}. Tokenizer: `{Path(d['tokenizer']).name}`; upstream: "
         f"{d.get('upstream', 'emulate')}; ~1,000-token chats, max_tokens 16.",
         "",
-        "Added = p(through the proxy) - p(direct) in the same run, blocks alternating. islwatch / floor: "
-        "target <= 1.2x for added p50 and p99, >= 0.8x for throughput.",
+        "Added = p(through the proxy) - p(direct) in the same run, blocks alternating. " + how,
         "",
         "| phase | direct p50/p99 ms | floor +p50/+p99 ms | islwatch +p50/+p99 ms | islwatch/floor +p50, +p99, "
         "req/s | req/s floor / islwatch | CPU s per 1k req: floor / islwatch (its main process) | RSS MB floor / islwatch | "
@@ -151,6 +157,32 @@ def aiperf_section(d: dict[str, Any]) -> list[str]:
     return [*out, "", f"Highest rate held (every lower rate held too): {held} req/s.", ""]
 
 
+SECTIONS = (
+    ("analysis_cost", analysis_section),
+    ("proxy_overhead", overhead_section),
+    ("proxy_overhead_wrk", overhead_section),
+    ("loadgen_capacity", loadgen_section),
+    ("aiperf_vs_loadgen", aiperf_section),
+)
+
+
+def update_section(name: str) -> Path:
+    """Replace (or add, before the notes) one benchmark's section of LATEST.md from its latest results, keeping
+    every other section's text: results/ is not committed, so another machine's figures are not all here."""
+    d = _load(name)
+    if d is None:
+        raise FileNotFoundError(f"no results for {name} in {RESULTS}")
+    new = dict(SECTIONS)[name](d)
+    old = LATEST.read_text().split("\n") if LATEST.exists() else []
+    start = next((i for i, line in enumerate(old) if line == new[0]), None)
+    if start is None:
+        start = end = next((i for i, line in enumerate(old) if line == NOTES[0]), len(old))
+    else:
+        end = next((i for i in range(start + 1, len(old)) if old[i].startswith("## ")), len(old))
+    LATEST.write_text("\n".join([*old[:start], *new, *old[end:]]))
+    return LATEST
+
+
 def write_latest() -> Path:
     lines = [
         "# Latest benchmark figures",
@@ -159,14 +191,16 @@ def write_latest() -> Path:
         'measured in the same run, alternating. See the README, "Benchmarks", for what each benchmark does.',
         "",
     ]
-    for name, section in (
-        ("analysis_cost", analysis_section),
-        ("proxy_overhead", overhead_section),
-        ("loadgen_capacity", loadgen_section),
-        ("aiperf_vs_loadgen", aiperf_section),
-    ):
+    for name, section in SECTIONS:
         d = _load(name)
         lines += section(d) if d else [f"## {name}", "", "No results yet.", ""]
     lines += NOTES
     LATEST.write_text("\n".join(lines))
     return LATEST
+
+
+if __name__ == "__main__":
+    import sys
+
+    # python -m bench.report [NAME]: rewrite LATEST.md, or only NAME's section (e.g. proxy_overhead_wrk)
+    print(update_section(sys.argv[1]) if len(sys.argv) > 1 else write_latest())

@@ -20,13 +20,15 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from .config import LoadgenConfig
 from .corpus import Corpus
 from .workload import SLACK_WORDS, Conversation, Request, Workload
+
+T = TypeVar("T")
 
 _INDEX = re.compile(r"(\d+)$")
 
@@ -64,7 +66,9 @@ def parse_record(obj: Any, where: str) -> DatasetRecord:
     return DatasetRecord(messages, prompt, _count_field(obj, "isl", where), _count_field(obj, "osl", where))
 
 
-def load_dataset(path: Path) -> list[DatasetRecord]:
+def load_jsonl(path: Path, flag: str, parse: Callable[[Any, str], T]) -> list[T]:
+    """Each non-blank line of a JSONL file, parsed as JSON and then by `parse(obj, where)`; a ValueError
+    naming the flag, the file and the line for anything else, or for a file with no records."""
     records = []
     with path.open("rb") as f:
         for n, line in enumerate(f, 1):
@@ -73,11 +77,15 @@ def load_dataset(path: Path) -> list[DatasetRecord]:
             try:
                 obj = orjson.loads(line)
             except orjson.JSONDecodeError:
-                raise ValueError(f"--dataset {path} line {n}: not JSON") from None
-            records.append(parse_record(obj, f"--dataset {path} line {n}"))
+                raise ValueError(f"{flag} {path} line {n}: not JSON") from None
+            records.append(parse(obj, f"{flag} {path} line {n}"))
     if not records:
-        raise ValueError(f"--dataset {path}: no records")
+        raise ValueError(f"{flag} {path}: no records")
     return records
+
+
+def load_dataset(path: Path) -> list[DatasetRecord]:
+    return load_jsonl(path, "--dataset", parse_record)
 
 
 def record_index(conversation_id: str) -> int:

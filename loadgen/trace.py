@@ -25,15 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from proxy.core.tokens import encode_len
 
 from .arrivals import scaled_trace
 from .budget import fit_text
 from .config import LoadgenConfig
 from .corpus import Corpus
-from .dataset import record_index
+from .dataset import load_jsonl, record_index
 from .workload import SLACK_WORDS, Conversation, Request, Workload
 
 
@@ -68,19 +66,7 @@ def parse_line(obj: Any, where: str) -> TraceRecord:
 
 def load_trace(path: Path) -> list[TraceRecord]:
     """The trace's records in timestamp order (stable: equal timestamps keep the file's order)."""
-    records = []
-    with path.open("rb") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                raise ValueError(f"--trace {path} line {n}: not JSON") from None
-            records.append(parse_line(obj, f"--trace {path} line {n}"))
-    if not records:
-        raise ValueError(f"--trace {path}: no records")
-    return sorted(records, key=lambda r: r.timestamp_ms)
+    return sorted(load_jsonl(path, "--trace", parse_line), key=lambda r: r.timestamp_ms)
 
 
 def records_within(records: list[TraceRecord], speedup: float, duration: float | None) -> int:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from vllm_server.vllm_proc import stop as stop_group
+
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO / "scripts" / "install_sglang.sh"
 ORACLE = Path(__file__).with_name("sglang_oracle.py")
@@ -110,14 +112,7 @@ def stop(oracle: Oracle) -> None:
         with contextlib.suppress(OSError):
             if stream is not None:
                 stream.close()
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, 15)
-            proc.wait(timeout=30)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)
-            proc.wait()
+    stop_group(proc)
 
 
 def log_tail(log_path: Path, lines: int = 8) -> str:
