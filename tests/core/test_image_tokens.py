@@ -8,11 +8,9 @@ imports, shares `smart_resize`; tests/vllm_vision runs that one in the vLLM venv
 from __future__ import annotations
 
 import base64
-import importlib.util
 import io
 import struct
 import zlib
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +34,8 @@ from proxy.core.images import (
 from proxy.core.tokenizer import load_tokenizer
 from proxy.core.tokens import render_chat
 from proxy.core.vision import IMAGE_PAD, load_image_model, rule_from_config
-from tests.conftest import REPO, shared_dir
+from scripts.build_tiny_vl_model import preprocessor_config, write_processor_files
+from tests.conftest import shared_dir
 
 # Small, odd, halfway rounding (70 -> 2.5 patches of 28 -> 2), extreme aspect ratios (200 is the processor's
 # limit), under min_pixels, over max_pixels.
@@ -45,22 +44,12 @@ SIZES = [(28, 28), (10, 10), (70, 70), (42, 42), (98, 98), (1023, 769), (333, 50
 LIMITS = [{}, {"max_pixels": 1003520}, {"min_pixels": 200000}, {"min_pixels": 100352, "max_pixels": 401408}]
 
 
-@cache
-def _builder() -> Any:
-    path = REPO / "scripts" / "build_tiny_vl_model.py"
-    spec = importlib.util.spec_from_file_location("build_tiny_vl_model", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def vl_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What islwatch reads of the tiny Qwen2-VL model: the Qwen2.5 tokenizer files, Qwen2-VL's chat template
     and its preprocessor_config.json (scripts/build_tiny_vl_model.py, without the weights)."""
     folder = tmp_path_factory.mktemp("qwen2-vl")
-    _builder().write_processor_files(shared_dir("qwen2.5-instruct"), folder, "qwen2_vl")
+    write_processor_files(shared_dir("qwen2.5-instruct"), folder, "qwen2_vl")
     return folder
 
 
@@ -79,7 +68,7 @@ def processor(folder: Path, **kwargs: Any) -> Any:
 )
 def test_rule_equals_transformers_processor(vl_folder: Path, limits: dict[str, int]) -> None:
     proc = processor(vl_folder, **limits)
-    rule = rule_from_config({**_builder().preprocessor_config("qwen2_vl"), **limits})
+    rule = rule_from_config({**preprocessor_config("qwen2_vl"), **limits})
     assert rule is not None
     for width, height in SIZES:
         grid = proc(images=[Image.new("RGB", (width, height))], return_tensors="np")["image_grid_thw"]
@@ -103,7 +92,7 @@ def test_halfway_rounds_to_even() -> None:
     ids=["pixels", "size", "size-and-max", "class-defaults"],
 )
 def test_limits_read_as_transformers_reads_them(tmp_path: Path, config: dict[str, Any]) -> None:
-    base = {k: v for k, v in _builder().preprocessor_config("qwen2_vl").items() if "pixels" not in k}
+    base = {k: v for k, v in preprocessor_config("qwen2_vl").items() if "pixels" not in k}
     (tmp_path / "preprocessor_config.json").write_text(__import__("json").dumps({**base, **config}))
     proc = processor(tmp_path)
     rule = rule_from_config({**base, **config})

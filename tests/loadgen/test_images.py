@@ -4,7 +4,6 @@ budget (the real-server run of the same is tests/vllm_vision)."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 import io
 from pathlib import Path
 from typing import Any
@@ -18,20 +17,15 @@ from loadgen.images import parse_size
 from loadgen.workload import Workload
 from proxy.core.images import QwenVLRule
 from proxy.core.tokenizer import load_tokenizer
-from tests.conftest import REPO, load_shared, shared_dir
+from scripts.build_tiny_vl_model import write_processor_files
+from tests.conftest import load_shared, shared_dir
 
 
 @pytest.fixture(scope="module")
 def vl_tok(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The tiny Qwen2-VL model's tokenizer side (scripts/build_tiny_vl_model.py, without the weights)."""
-    spec = importlib.util.spec_from_file_location(
-        "build_tiny_vl_model", REPO / "scripts" / "build_tiny_vl_model.py"
-    )
-    assert spec is not None and spec.loader is not None
-    builder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(builder)
     folder: Path = tmp_path_factory.mktemp("qwen2-vl")
-    builder.write_processor_files(shared_dir("qwen2.5-instruct"), folder, "qwen2_vl")
+    write_processor_files(shared_dir("qwen2.5-instruct"), folder, "qwen2_vl")
     return load_tokenizer(str(folder)).tokenizer
 
 

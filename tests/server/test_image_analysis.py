@@ -4,7 +4,6 @@ back over the pipe framing, and the metrics count them (the real vLLM server run
 from __future__ import annotations
 
 import base64
-import importlib.util
 import io
 import logging
 from pathlib import Path
@@ -21,7 +20,8 @@ from proxy.server.frames import decode_outcome, encode_outcome
 from proxy.server.metrics import build_metrics
 from proxy.server.problems import ProblemLog
 from proxy.server.records import DEFAULT_KEY, AnalysisJob
-from tests.conftest import REPO, shared_dir
+from scripts.build_tiny_vl_model import write_processor_files
+from tests.conftest import shared_dir
 from tests.server.helpers import parse_metrics, value
 
 SERVER_KWARGS = {"max_pixels": 1003520}
@@ -29,14 +29,8 @@ SERVER_KWARGS = {"max_pixels": 1003520}
 
 @pytest.fixture(scope="module")
 def vl_folder(tmp_path_factory: pytest.TempPathFactory) -> str:
-    spec = importlib.util.spec_from_file_location(
-        "build_tiny_vl_model", REPO / "scripts" / "build_tiny_vl_model.py"
-    )
-    assert spec is not None and spec.loader is not None
-    builder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(builder)
     folder: Path = tmp_path_factory.mktemp("qwen2-vl")
-    builder.write_processor_files(shared_dir("qwen2.5-instruct"), folder, "qwen2_vl")
+    write_processor_files(shared_dir("qwen2.5-instruct"), folder, "qwen2_vl")
     return str(folder)
 
 
