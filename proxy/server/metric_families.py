@@ -49,7 +49,7 @@ ANALYSIS_STAGES = ("count", "usage", "classify", "dump", "frame")
 
 def families(r: CollectorRegistry) -> dict[str, Any]:
     """Every family, registered in `r`, by its `Metrics` field name."""
-    return {**_traffic(r), **_counts(r), **_analysis(r), **_bill(r)}
+    return {**_traffic(r), **_counts(r), **_analysis(r), **_identity(r), **_bill(r)}
 
 
 def _traffic(r: CollectorRegistry) -> dict[str, Any]:
@@ -151,7 +151,7 @@ def _counts(r: CollectorRegistry) -> dict[str, Any]:
 
 
 def _analysis(r: CollectorRegistry) -> dict[str, Any]:
-    """The analysis pool and the identity of what it counts with."""
+    """The analysis pool: its time, drops, exits, queue, live workers and its own errors."""
     return dict(
         analysis_seconds=Histogram(
             "islwatch_analysis_seconds",
@@ -187,6 +187,12 @@ def _analysis(r: CollectorRegistry) -> dict[str, Any]:
             ["stage"],
             registry=r,
         ),
+    )
+
+
+def _identity(r: CollectorRegistry) -> dict[str, Any]:
+    """What the analysis counts with: the tokenizer identities, their changes, the parity checks, the build."""
+    return dict(
         tokenizer_info=Gauge(
             "islwatch_tokenizer_info",
             "Loaded tokenizer identity (value 1)",
