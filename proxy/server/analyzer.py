@@ -23,7 +23,6 @@ from proxy.core.flavor import count_as, flavored_tokenizer
 from proxy.core.images import COUNTED, UNMODELED, ImageModel
 from proxy.core.probe import our_ids, probes
 from proxy.core.tokenizer import LoadedTokenizer, TokenizerLoadError, load_tokenizer
-from proxy.core.usage import Usage, usage_from_json_bytes
 from proxy.core.vision import image_model_for
 from proxy.parity.gate import startup_self_check
 from proxy.server.dump import MismatchDumper
@@ -62,13 +61,6 @@ class _Entry:
 
 def _label(key: str) -> str:
     return DEFAULT_LABEL if key == DEFAULT_KEY else key
-
-
-def _usage(job: AnalysisJob) -> Usage | None:
-    """The server's usage: read on the response path for a stream, here from the kept tail of a JSON answer."""
-    if job.server_usage is not None or job.response_json is None:
-        return job.server_usage
-    return usage_from_json_bytes(job.response_json)
 
 
 def _images_fields(result: CountResult) -> dict[str, Any]:
@@ -158,6 +150,7 @@ class Analyzer:
             endpoint=job.endpoint,
             model_label=job.model_label,
             seconds=time.perf_counter() - start,
+            memo_key=job.memo_key,
             **fields,
         )
 
@@ -170,8 +163,8 @@ class Analyzer:
         if result.fallback_reason == INVALID_BODY:
             return {"bad_reason": "not_a_request", "detail": result.detail}
         stage.name = "usage"
-        usage = _usage(job)
-        server = job.server_tokens if job.server_tokens is not None else usage.input_tokens if usage else None
+        usage = job.usage()
+        server = job.server_count(usage)
         match = _match(result, server)
         stage.name = "classify"
         cause = classify(result, server, entry.profile) if server is not None else None

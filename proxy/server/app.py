@@ -63,6 +63,7 @@ def build_apps(
         mode=config.analysis_mode,
         workers=config.analysis_workers,
         queue_max=config.analysis_queue,
+        memo_entries=config.analysis_memo,
     )
     probe = None
     if config.server_probe == "auto":

@@ -54,6 +54,8 @@ class ProxyConfig(BaseModel):
     # The fraction of analysable requests that are analysed (inspect.Policy.sampled); the rest are relayed
     # only and counted in islwatch_analysis_skipped_total, so a sidecar can cap its analysis CPU.
     analysis_sample_rate: float = Field(default=1.0, gt=0, le=1)
+    # Outcomes kept for repeated bodies (proxy/server/memo.py); 0 sends every job to a worker.
+    analysis_memo: int = Field(default=1024, ge=0)
     inject_stream_usage: bool = False
     # Which server's request preparation to predict (proxy/core/flavor.py): vLLM, SGLang or llama-server.
     server_flavor: ServerFlavor = "vllm"

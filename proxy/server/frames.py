@@ -24,7 +24,7 @@ def encode_job(job: AnalysisJob) -> bytes:
     # orjson writes the Usage dataclass as an object; decode_job rebuilds it.
     header = orjson.dumps(
         (job.endpoint, job.model_label, job.tokenizer_key, job.server_tokens, job.streamed, len(job.body),
-         -1 if resp is None else len(resp), job.server_usage)
+         -1 if resp is None else len(resp), job.server_usage, job.memo_key)
     )  # fmt: skip
     size = len(job.body) + (0 if resp is None else len(resp))
     parts = [FRAME_HEAD.pack(len(header), size), header, job.body]
@@ -35,7 +35,7 @@ def encode_job(job: AnalysisJob) -> bytes:
 
 def decode_job(header: bytes, payload: bytes) -> AnalysisJob:
     head = orjson.loads(header)
-    endpoint, model_label, tokenizer_key, server_tokens, streamed, body_len, resp_len, usage = head
+    endpoint, model_label, tokenizer_key, server_tokens, streamed, body_len, resp_len, usage, memo_key = head
     resp = None if resp_len < 0 else payload[body_len : body_len + resp_len]
     return AnalysisJob(
         endpoint=endpoint,
@@ -46,6 +46,7 @@ def decode_job(header: bytes, payload: bytes) -> AnalysisJob:
         server_usage=Usage(**usage) if usage is not None else None,
         response_json=resp,
         streamed=streamed,
+        memo_key=memo_key,
     )
 
 
@@ -53,7 +54,7 @@ def encode_outcome(o: AnalysisOutcome) -> bytes:
     return orjson.dumps(
         (OUTCOME, o.endpoint, o.model_label, o.seconds, o.bare, o.templated, o.expected, o.server, o.match,
          o.cause, o.fallback_reason, o.bad_reason, o.detail, o.duplicate_bos_risk, o.error, o.output_tokens,
-         o.cached_tokens, o.reasoning_tokens, o.error_stage, o.images, o.image_tokens)
+         o.cached_tokens, o.reasoning_tokens, o.error_stage, o.images, o.image_tokens, o.memo_key)
     ) + b"\n"  # fmt: skip
 
 

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from itertools import chain
 
 from aiohttp import http_writer
 from multidict import CIMultiDict, MultiDict
 
+_AIOHTTP_SERIALIZE = http_writer._serialize_headers  # before keep_received_bytes() replaces it
 # The control characters aiohttp's writers refuse (RFC 9110 5.5, RFC 9112 4: header injection), unchanged.
 _FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
@@ -39,7 +41,16 @@ def _checked(text: str) -> str:
 
 def serialize_head(status_line: str, headers: CIMultiDict[str]) -> bytes:
     """`http_writer._serialize_headers` keeping bytes: each str is encoded back into the bytes it was
-    decoded from (`surrogateescape` is the inverse of the parser's decoding), anything else as UTF-8."""
+    decoded from (`surrogateescape` is the inverse of the parser's decoding), anything else as UTF-8. A head
+    without a surrogate (nearly all) is one aiohttp's own C serializer writes unchanged: it goes there."""
+    try:
+        (status_line + "".join(chain.from_iterable(headers.items()))).encode()
+    except UnicodeEncodeError:
+        return _serialize_with_bytes(status_line, headers)
+    return _AIOHTTP_SERIALIZE(status_line, headers)
+
+
+def _serialize_with_bytes(status_line: str, headers: CIMultiDict[str]) -> bytes:
     lines = [_checked(status_line)]
     lines.extend(f"{_checked(name)}: {_checked(value)}" for name, value in headers.items())
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
@@ -74,7 +85,10 @@ class FieldName(str):
         return hash(self.lower())
 
 
-def for_client(fields: Iterable[tuple[str, str]]) -> MultiDict[str]:
+def for_client(fields: list[tuple[str, str]]) -> MultiDict[str]:
     """Headers for `ClientSession.request` that it sends as given: every line, in order and spelling (a
-    case-sensitive MultiDict, so aiohttp iterates these very keys)."""
+    case-sensitive MultiDict, so aiohttp iterates these very keys). FieldName keys only when two names
+    differ in case alone: otherwise aiohttp's own handling already sends each line as spelled."""
+    if len({name.lower() for name, _ in fields}) == len(fields):
+        return MultiDict(fields)
     return MultiDict((FieldName(name), value) for name, value in fields)

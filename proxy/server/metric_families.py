@@ -159,6 +159,11 @@ def _analysis(r: CollectorRegistry) -> dict[str, Any]:
             buckets=ANALYSIS_BUCKETS,
             registry=r,
         ),
+        analysis_reused=Counter(
+            "islwatch_analysis_reused",
+            "Analyses applied from the memo of recent bodies (same body, same server count; no worker time)",
+            registry=r,
+        ),
         analysis_dropped=Counter(
             "islwatch_analysis_dropped", "Analyses dropped because the analysis queue was full", registry=r
         ),

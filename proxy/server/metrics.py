@@ -47,6 +47,7 @@ class Metrics:
     drift: Counter
     duplicate_bos_risk: Counter
     analysis_seconds: Histogram
+    analysis_reused: Counter
     analysis_dropped: Counter
     analysis_skipped: Counter
     analysis_worker_exits: Counter
@@ -128,9 +129,12 @@ class Metrics:
     def worker_exited(self) -> None:
         self.analysis_worker_exits.inc()
 
-    def analysed(self, o: AnalysisOutcome, problems: ProblemLog) -> None:
-        """One analysed request (event loop thread only)."""
-        self.analysis_seconds.observe(o.seconds)
+    def analysed(self, o: AnalysisOutcome, problems: ProblemLog, reused: bool = False) -> None:
+        """One analysed request (event loop thread only); `reused`: from the memo, no worker time."""
+        if reused:
+            self.analysis_reused.inc()
+        else:
+            self.analysis_seconds.observe(o.seconds)
         model, endpoint = o.model_label, o.endpoint
         if o.error:
             if o.error_stage:  # an islwatch bug: counted, and one line with its frames (detail)

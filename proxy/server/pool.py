@@ -16,10 +16,12 @@ by `changed_on_restart` until the next successful reload brings every worker ont
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from proxy.server.memo import DEFAULT_ENTRIES, OutcomeMemo
 from proxy.server.metrics import Metrics
 from proxy.server.problems import ProblemLog
 from proxy.server.processes import Processes, WorkerExited
@@ -50,12 +52,14 @@ class AnalysisPool:
         mode: str = "process",
         workers: int = 1,
         queue_max: int = 256,
+        memo_entries: int = DEFAULT_ENTRIES,
     ) -> None:
         self.spec = spec
         self.metrics = metrics
         self.mode = mode
         self.workers = workers
         self.queue_max = queue_max
+        self.memo = OutcomeMemo(memo_entries)  # a repeated body with the same server count: no worker trip
         self.in_flight = 0
         self.worker_exits = 0  # worker processes that died unexpectedly (each restarted; logged)
         self.reports: list[TokenizerReport] = []
@@ -162,6 +166,7 @@ class AnalysisPool:
         self._on_loaded.append(callback)
 
     def _loaded(self, reports: list[TokenizerReport]) -> None:
+        self.memo.new_generation()  # outcomes counted with what was loaded before are not reused
         self.metrics.tokenizers_loaded(reports)  # compares each identity with the last one loaded
         self.reports = reports
         self._start_error, self._has_loaded = None, True
@@ -186,7 +191,14 @@ class AnalysisPool:
     # ---- the request path ---------------------------------------------------------------------------------
 
     def submit(self, job: AnalysisJob) -> bool:
-        """Queue one analysis without waiting; False (and counted) when dropped."""
+        """Queue one analysis without waiting (or apply a reusable one, memo.py); False (and counted) when
+        dropped."""
+        key = self.memo.key(job)
+        if key is not None:
+            if (reused := self.memo.reuse(key, job)) is not None:
+                self.metrics.analysed(reused, self._problems, reused=True)
+                return True
+            job = dataclasses.replace(job, memo_key=key)
         if self.in_flight >= self.queue_max:
             return self._drop("analysis queue full (%d in flight); request not analysed")
         backend = self._backend
@@ -206,6 +218,7 @@ class AnalysisPool:
 
     def finished(self, outcome: AnalysisOutcome) -> None:
         self.in_flight -= 1
+        self.memo.keep(outcome)
         self.metrics.analysed(outcome, self._problems)
 
     def _failed(self, exc: BaseException) -> None:

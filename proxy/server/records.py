@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.usage import Usage
+from proxy.core.usage import Usage, usage_from_json_bytes
 
 # Model label values besides configured model names (bounded cardinality).
 DEFAULT_LABEL = "default"  # no --model-tokenizer map: every model is the one served model
@@ -73,6 +73,19 @@ class AnalysisJob:
     server_usage: Usage | None = None  # the whole usage that parser read (server_tokens is its prompt count)
     response_json: bytes | None = None  # a JSON response (or its tail) for the worker to read usage from
     streamed: bool = False  # the response was an event stream
+    memo_key: str | None = None  # memo.py: the outcome is kept under this key (echoed by the worker)
+
+    def usage(self) -> Usage | None:
+        """The server's usage: read on the response path for a stream, else from the kept JSON answer."""
+        if self.server_usage is not None or self.response_json is None:
+            return self.server_usage
+        return usage_from_json_bytes(self.response_json)
+
+    def server_count(self, usage: Usage | None) -> int | None:
+        """The server's prompt count, given `usage()`."""
+        if self.server_tokens is not None:
+            return self.server_tokens
+        return usage.input_tokens if usage is not None else None
 
 
 @dataclass(frozen=True)
@@ -102,6 +115,7 @@ class AnalysisOutcome:
     # The request's image parts by outcome (proxy.core.images.IMAGE_OUTCOMES); None: no images.
     images: dict[str, int] | None = None
     image_tokens: int | None = None  # the tokens of all its images, when every one was counted
+    memo_key: str | None = None  # the job's (memo.py)
 
 
 @dataclass(frozen=True)

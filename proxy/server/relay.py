@@ -9,6 +9,7 @@ it passes (`SSEUsageParser`).
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import hdrs, web
@@ -60,6 +61,10 @@ class RelayedResponse(web.StreamResponse):
     stays: RFC 9110 6.6.1 asks a recipient that forwards a response without one to add it."""
 
     _ADDED = (hdrs.SERVER, hdrs.CONTENT_TYPE)
+    # The head is held by aiohttp's writer until `relay` either writes the first body bytes with it (one
+    # write for both, when they arrived with the upstream's head) or sends it alone (`send_headers`): as
+    # `web.Response` does, and never later than the upstream's own head came.
+    _send_headers_immediately = False
 
     async def _prepare_headers(self) -> None:
         absent = [name for name in self._ADDED if name not in self.headers]
@@ -76,6 +81,13 @@ def client_response(upstream: aiohttp.ClientResponse, injected: bool) -> web.Str
     return response
 
 
+async def _chunks(first: bytes, content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for chunk in content.iter_any():
+        yield chunk
+
+
 def is_event_stream(upstream: aiohttp.ClientResponse) -> bool:
     return upstream.headers.get("Content-Type", "").startswith("text/event-stream")
 
@@ -87,7 +99,11 @@ async def relay(
     (the client then sees the connection close before the body ended, as it would talking to the upstream
     directly); None when the body was relayed whole or the client went away."""
     try:
-        async for chunk in upstream.content.iter_any():
+        writer = await response.prepare(request)  # prepared already: its writer, the head still held
+        first = upstream.content.read_nowait()  # the body bytes that came with the upstream's head
+        if not first and writer is not None:
+            writer.send_headers()  # nothing to go with it: the head goes now, never held for the body
+        async for chunk in _chunks(first, upstream.content):
             if tap is not None:
                 chunk = tap.feed(chunk)
             if chunk:
