@@ -22,7 +22,12 @@ from bench._common import encode_body
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
-METRIC_NAMES = ("islwatch_analysis_dropped_total", "islwatch_analysis_seconds_count")
+# Analysed = worker analyses (seconds_count) + outcomes the memo reused (proxy/server/memo.py).
+METRIC_NAMES = (
+    "islwatch_analysis_dropped_total",
+    "islwatch_analysis_seconds_count",
+    "islwatch_analysis_reused_total",
+)
 
 
 def tree(pid: int) -> list[int]:

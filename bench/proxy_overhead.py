@@ -119,7 +119,9 @@ def summarize(blocks: list[dict[str, Any]]) -> dict[str, Any]:
         agg["upstream_cpu"] += b["upstream_cpu"]
         agg["rss_mb"] = max(agg["rss_mb"], b["rss_mb"])
         agg["dropped"] += b["counters"].get("islwatch_analysis_dropped_total", 0.0)
-        agg["analysed"] += b["counters"].get("islwatch_analysis_seconds_count", 0.0)
+        agg["analysed"] += b["counters"].get("islwatch_analysis_seconds_count", 0.0) + b["counters"].get(
+            "islwatch_analysis_reused_total", 0.0
+        )
         agg["offered"] += b.get("offered", 0)
     out: dict[str, Any] = {}
     for (phase, target), a in by.items():

@@ -39,6 +39,11 @@ class LineSplitter:
         """Bytes of an unfinished line held back (at most `limit`)."""
         return len(self._partial)
 
+    @property
+    def at_line_start(self) -> bool:
+        """The next byte fed starts a new line (no unfinished line held or being skipped)."""
+        return not self._partial and not self._overlong
+
     def split(self, chunk: bytes) -> tuple[bytes, list[bytes], bytes]:
         """(the rest of an over-long line up to its newline included, the complete lines, the start of a new
         over-long line): the two raw parts are bytes that are not held; either may be empty."""

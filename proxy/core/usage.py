@@ -171,21 +171,23 @@ class SSEUsageParser:
         self._usage: Usage | None = None
         self._final: Usage | None = None
         self._per_choice: dict[int, Usage] = {}
-        self.events = 0
 
     def feed(self, chunk: bytes) -> None:
+        if _USAGE_KEY not in chunk and self._lines.at_line_start:
+            # Most chunks: no complete line of it can hold usage, only its unfinished last one may (the key
+            # can straddle into the next chunk). Just that is kept, without splitting the rest into lines.
+            chunk = chunk[chunk.rfind(b"\n") + 1 :]
+            if not chunk:
+                return
         for line in self._lines.split(chunk)[1]:
             self._line(line)
 
     def _line(self, line: bytes) -> None:
         if _USAGE_KEY not in line:
-            if line.startswith(b"data:"):
-                self.events += 1
             return
         payload = _data_payload(line)
         if payload is None:
             return
-        self.events += 1
         if line.count(_USAGE_KEY) == 1 and _NULL_USAGE_BEFORE.search(line):
             return  # OpenAI's `"usage": null` on an ordinary chunk: nothing to parse
         usage, obj = _event_usage(payload)

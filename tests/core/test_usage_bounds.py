@@ -193,3 +193,23 @@ async def test_big_json_answers_through_the_proxy_are_measured() -> None:
         )
     assert value(samples, "islwatch_isl_tokens_sum", kind="server") == 2 * 31
     assert value(samples, "islwatch_isl_match_total", result="no_server_count") == 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_stream_parser_finds_usage_in_any_chunking_after_lines_that_hold_none(seed: int) -> None:
+    """Chunks without a usage key skip line splitting (SSEUsageParser.feed): whatever the cuts, after
+    ordinary events and an over-long line, a usage key straddling two chunks is still read."""
+    rng = random.Random(seed)
+    event = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
+    stream = event * 30 + b"data: " + b"x" * (MAX_LINE_BYTES + 10) + b"\n\n" + event * 3 + FINAL + DONE
+    cuts = sorted(rng.sample(range(1, len(stream)), 40)) + [stream.index(b'"usage"') + rng.randrange(1, 7)]
+    parser = SSEUsageParser()
+    start = 0
+    for cut in sorted(set(cuts)):
+        parser.feed(stream[start:cut])
+        start = cut
+    parser.feed(stream[start:])
+    whole = SSEUsageParser()
+    whole.feed(stream)  # one chunk holding the key: every line split and read
+    assert parser.result() == whole.result()
+    assert (whole.result().input_tokens, whole.result().output_tokens) == (12, 2)  # type: ignore[union-attr]
