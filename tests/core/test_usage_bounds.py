@@ -202,7 +202,7 @@ def test_the_stream_parser_finds_usage_in_any_chunking_after_lines_that_hold_non
     rng = random.Random(seed)
     event = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
     stream = event * 30 + b"data: " + b"x" * (MAX_LINE_BYTES + 10) + b"\n\n" + event * 3 + FINAL + DONE
-    cuts = sorted(rng.sample(range(1, len(stream)), 40)) + [stream.index(b'"usage"') + rng.randrange(1, 7)]
+    cuts = [*rng.sample(range(1, len(stream)), 40), stream.index(b'"usage"') + rng.randrange(1, 7)]
     parser = SSEUsageParser()
     start = 0
     for cut in sorted(set(cuts)):
