@@ -9,7 +9,6 @@ it passes (`SSEUsageParser`).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import hdrs, web
@@ -81,13 +80,6 @@ def client_response(upstream: aiohttp.ClientResponse, injected: bool) -> web.Str
     return response
 
 
-async def _chunks(first: bytes, content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    if first:
-        yield first
-    async for chunk in content.iter_any():
-        yield chunk
-
-
 def is_event_stream(upstream: aiohttp.ClientResponse) -> bool:
     return upstream.headers.get("Content-Type", "").startswith("text/event-stream")
 
@@ -101,9 +93,13 @@ async def relay(
     try:
         writer = await response.prepare(request)  # prepared already: its writer, the head still held
         first = upstream.content.read_nowait()  # the body bytes that came with the upstream's head
-        if not first and writer is not None:
+        if tap is not None and first:
+            first = tap.feed(first)  # the stripper may hold a partial line back: then nothing goes yet
+        if first:
+            await response.write(first)  # the head and these bytes in one write
+        elif writer is not None:
             writer.send_headers()  # nothing to go with it: the head goes now, never held for the body
-        async for chunk in _chunks(first, upstream.content):
+        async for chunk in upstream.content.iter_any():
             if tap is not None:
                 chunk = tap.feed(chunk)
             if chunk:

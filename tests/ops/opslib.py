@@ -44,6 +44,7 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "islwatch_drift_total": frozenset({"model", "endpoint", "cause"}),
     "islwatch_duplicate_bos_risk_total": frozenset({"model", "endpoint"}),
     "islwatch_analysis_seconds": frozenset(),
+    "islwatch_analysis_reused_total": frozenset(),
     "islwatch_analysis_dropped_total": frozenset(),
     "islwatch_analysis_skipped_total": frozenset({"model", "endpoint"}),
     "islwatch_analysis_worker_exits_total": frozenset(),
