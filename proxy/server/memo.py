@@ -32,7 +32,9 @@ class OutcomeMemo:
     def key(self, job: AnalysisJob) -> str | None:
         if not self.entries:
             return None
-        h = hashlib.sha256(f"{self._generation}\0{job.tokenizer_key}\0{job.endpoint}\0{job.streamed:d}\0".encode())
+        h = hashlib.sha256(
+            f"{self._generation}\0{job.tokenizer_key}\0{job.endpoint}\0{job.streamed:d}\0".encode()
+        )
         h.update(job.body)
         return h.hexdigest()
 
