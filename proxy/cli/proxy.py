@@ -41,6 +41,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--analysis-mode", choices=["process", "thread"], help="workers are processes (default) or threads")
     a("--analysis-sample-rate", type=float,
       help="fraction of requests analysed, 0 < R <= 1; the rest are counted as skipped (default 1.0)")  # fmt: skip
+    a("--analysis-nice", type=int, metavar="N",
+      help="worker processes run N nicer than the event loop, 0-19 (default 10; 0: same priority)")  # fmt: skip
     a("--analysis-memo", type=int, metavar="N",
       help="outcomes kept for repeated request bodies, reused when the server count repeats (default 1024; 0: off)")  # fmt: skip
     a("--inject-stream-usage", action="store_true", default=None,
@@ -76,7 +78,7 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         key: getattr(args, key, None)
         for key in (
             "upstream", "listen", "admin", "tokenizer", "chat_template", "trust_remote_code", "max_body_bytes",
-            "analysis_workers", "analysis_queue", "analysis_mode", "analysis_sample_rate", "analysis_memo", "inject_stream_usage", "dump_mismatches",
+            "analysis_workers", "analysis_queue", "analysis_mode", "analysis_sample_rate", "analysis_memo", "analysis_nice", "inject_stream_usage", "dump_mismatches",
             "dump_max", "upstream_timeout_seconds", "server_flavor", "upstream_health_path", "server_probe",
             "server_probe_interval_seconds", "upstream_metrics_url", "upstream_metrics_interval_seconds",
             "header_timeout_seconds", "body_timeout_seconds", "idle_timeout_seconds", "max_connections",

@@ -48,6 +48,7 @@ def analysis_spec(config: ProxyConfig) -> AnalysisSpec:
         server_flavor=config.server_flavor,
         mm_processor_kwargs=config.mm_processor_kwargs,
         trust_request_mm_kwargs=config.trust_request_mm_kwargs,
+        nice=config.analysis_nice,
     )
 
 

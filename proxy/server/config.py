@@ -56,6 +56,9 @@ class ProxyConfig(BaseModel):
     analysis_sample_rate: float = Field(default=1.0, gt=0, le=1)
     # Outcomes kept for repeated bodies (proxy/server/memo.py); 0 sends every job to a worker.
     analysis_memo: int = Field(default=1024, ge=0)
+    # Worker processes run this much nicer than the event loop (os.nice): on a saturated CPU the relay wins
+    # and analyses drop (counted) instead of traffic waiting; 0 runs them at the same priority.
+    analysis_nice: int = Field(default=10, ge=0, le=19)
     inject_stream_usage: bool = False
     # Which server's request preparation to predict (proxy/core/flavor.py): vLLM, SGLang or llama-server.
     server_flavor: ServerFlavor = "vllm"

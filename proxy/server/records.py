@@ -48,6 +48,7 @@ class AnalysisSpec:
     server_flavor: str = "vllm"
     mm_processor_kwargs: dict[str, Any] | None = None  # the server's --mm-processor-kwargs (image counts)
     trust_request_mm_kwargs: bool = False  # the server runs with --trust-request-mm-kwargs
+    nice: int = 0  # added to a worker process's niceness once loaded: analysis yields a busy CPU to the relay
 
     def to_json(self) -> str:
         return orjson.dumps(asdict(self)).decode()

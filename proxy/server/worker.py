@@ -69,6 +69,8 @@ def main(argv: list[str]) -> int:
         analyzer = Analyzer.load(AnalysisSpec.from_json(spec_json))
         reports = [r.as_row() for r in analyzer.describe()] if describe else None
         _release_freed_heap()  # after the load and its self-check, which free what they built
+        if analyzer.spec.nice:
+            os.nice(analyzer.spec.nice)  # after loading: a reload is not slowed, the analyses yield
         out.write(orjson.dumps((READY, reports)) + b"\n")
         out.flush()
         serve_pipe(analyzer, jobs, out)

@@ -20,6 +20,8 @@ from prometheus_client import CollectorRegistry
 
 from proxy.core.count import count_request
 from proxy.server.analyzer import AnalysisSpec
+from proxy.server.app import analysis_spec
+from proxy.server.config import ProxyConfig
 from proxy.server.frames import FRAME_HEAD, decode_job, decode_outcome, encode_job, encode_outcome
 from proxy.server.metrics import Metrics, build_metrics
 from proxy.server.pool import AnalysisPool
@@ -259,3 +261,22 @@ async def test_failed_reload_keeps_the_current_workers_serving(
     await _idle(pool)
     assert _sample(metrics, "islwatch_isl_tokens_count", model="m", endpoint="chat", kind="bare") == 1
     await _close_leaves_nothing(pool, current)
+
+
+@pytest.mark.parametrize("nice", [0, 10])
+async def test_worker_processes_run_nicer_than_the_event_loop(built_folder: str, nice: int) -> None:
+    """Once loaded, a worker yields a busy CPU to the relay (config analysis_nice, default 10)."""
+    metrics = build_metrics(CollectorRegistry(), process_metrics=False)
+    pool = AnalysisPool(AnalysisSpec(tokenizers=((DEFAULT_KEY, built_folder),), nice=nice), metrics)
+    await pool.start()
+    try:
+        (pid,) = pool.worker_pids()
+        ours = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, ours + nice)
+    finally:
+        await pool.close()
+
+
+def test_the_default_worker_niceness_reaches_the_spec() -> None:
+    assert analysis_spec(ProxyConfig(upstream="http://127.0.0.1:1")).nice == 10
+    assert analysis_spec(ProxyConfig(upstream="http://127.0.0.1:1", analysis_nice=0)).nice == 0
