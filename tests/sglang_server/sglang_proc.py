@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from vllm_server.vllm_proc import executable, installed
 from vllm_server.vllm_proc import stop as stop_group
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,16 +41,13 @@ class OracleFailed(RuntimeError):
 
 
 def find_python() -> str:
-    """$ISLWATCH_SGLANG_PYTHON, else the install script (which reuses its cache at once)."""
-    env = os.environ.get(ENV_PYTHON)
-    if env:
-        return env
-    proc = subprocess.run(["bash", str(INSTALL_SCRIPT)], capture_output=True, text=True, check=False)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines or not os.access(lines[-1], os.X_OK):
-        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-        raise SglangUnavailable(f"SGLang is not installed and {INSTALL_SCRIPT.name} failed: {tail}")
-    return lines[-1]
+    """$ISLWATCH_SGLANG_PYTHON, else the install script."""
+    return installed(
+        INSTALL_SCRIPT,
+        ENV_PYTHON,
+        executable,
+        lambda tail: SglangUnavailable(f"SGLang is not installed and {INSTALL_SCRIPT.name} failed: {tail}"),
+    )
 
 
 def _read_line(stream: BinaryIO, proc: subprocess.Popen[bytes], deadline: float, log: Path) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,17 +66,36 @@ class VllmServer:
         return str(self.model_dir)
 
 
-def find_python() -> str:
-    """$ISLWATCH_VLLM_PYTHON, else the install script (which reuses its cache at once)."""
-    env = os.environ.get(ENV_PYTHON)
-    if env:
-        return env
-    proc = subprocess.run(["bash", str(INSTALL_SCRIPT)], capture_output=True, text=True, check=False)
+def installed(
+    script: Path,
+    env_var: str,
+    usable: Callable[[str], bool],
+    fails: Callable[[str], Exception],
+    env: dict[str, str] | None = None,
+) -> str:
+    """$`env_var`, else the last line `script` prints (install scripts reuse their cache at once) when it is
+    `usable`; otherwise raises `fails(the last lines of its stderr)`. For every server venv the tests use."""
+    if os.environ.get(env_var):
+        return os.environ[env_var]
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, check=False)
     lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines or not os.access(lines[-1], os.X_OK):
-        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-        raise VllmUnavailable(f"vLLM is not installed and {INSTALL_SCRIPT.name} failed: {tail}")
+    if proc.returncode != 0 or not lines or not usable(lines[-1]):
+        raise fails(" | ".join(proc.stderr.strip().splitlines()[-3:]))
     return lines[-1]
+
+
+def executable(path: str) -> bool:
+    return os.access(path, os.X_OK)
+
+
+def find_python() -> str:
+    """$ISLWATCH_VLLM_PYTHON, else the install script."""
+    return installed(
+        INSTALL_SCRIPT,
+        ENV_PYTHON,
+        executable,
+        lambda tail: VllmUnavailable(f"vLLM is not installed and {INSTALL_SCRIPT.name} failed: {tail}"),
+    )
 
 
 def vllm_version(python: str) -> str:

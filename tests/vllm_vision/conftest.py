@@ -33,6 +33,7 @@ from tests.vllm_server.vllm_proc import (
     VllmUnavailable,
     find_python,
     free_port,
+    installed,
     stop,
     vllm_version,
     wait_healthy,
@@ -48,16 +49,14 @@ MAX_MODEL_LEN = 8192
 
 
 def vision_path(python: str) -> str:
-    """$ISLWATCH_VLLM_VISION_PATH, else the install script (which reuses its cache at once)."""
-    if os.environ.get(ENV_VISION_PATH):
-        return os.environ[ENV_VISION_PATH]
-    env = {**os.environ, "ISLWATCH_VLLM_PYTHON": python}
-    proc = subprocess.run(["bash", str(INSTALL_VISION)], capture_output=True, text=True, env=env, check=False)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines or not os.path.isdir(lines[-1]):
-        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-        raise VllmUnavailable(f"torchvision for vLLM's Qwen2-VL could not be installed: {tail}")
-    return lines[-1]
+    """$ISLWATCH_VLLM_VISION_PATH, else the install script."""
+    return installed(
+        INSTALL_VISION,
+        ENV_VISION_PATH,
+        os.path.isdir,
+        lambda tail: VllmUnavailable(f"torchvision for vLLM's Qwen2-VL could not be installed: {tail}"),
+        env={**os.environ, "ISLWATCH_VLLM_PYTHON": python},
+    )
 
 
 def tiny_vl_model(python: str, tokenizer_dir: Path) -> Path:
