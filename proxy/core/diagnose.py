@@ -38,30 +38,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core.count import BARE_FALLBACK, CHAT_TEMPLATE, CountResult
-from proxy.core.tokens import input_ids, template_of
-
-EXACT = "exact"
-DUPLICATE_BOS = "duplicate_bos"
-TEMPLATE_NOT_APPLIED = "template_not_applied"
-HIDDEN_SYSTEM_PROMPT = "hidden_system_prompt"
-GENERATION_PROMPT_MISMATCH = "generation_prompt_mismatch"
-TOOLS_UNMODELED = "tools_unmodeled"
-MEDIA = "media"
-UNKNOWN = "unknown"
-# Not from arithmetic: the server parity probe (core/probe.py) found the server tokenizing differently.
-SERVER_TOKENIZER_DIFFERS = "server_tokenizer_differs"
-CAUSES = (
-    EXACT,
+from proxy.core.causes import (
     DUPLICATE_BOS,
-    TEMPLATE_NOT_APPLIED,
-    HIDDEN_SYSTEM_PROMPT,
+    EXACT,
     GENERATION_PROMPT_MISMATCH,
-    TOOLS_UNMODELED,
+    HIDDEN_SYSTEM_PROMPT,
     MEDIA,
-    SERVER_TOKENIZER_DIFFERS,
+    TEMPLATE_NOT_APPLIED,
+    TOOLS_UNMODELED,
     UNKNOWN,
 )
+from proxy.core.count import BARE_FALLBACK, CHAT_TEMPLATE, CountResult
+from proxy.core.tokens import input_ids, template_of
 
 # The smallest system turn any common template can wrap is a role header plus a word plus an end marker:
 # ChatML `<|im_start|>system\nX<|im_end|>\n` is 5 tokens, Llama-3's header block 6. Positive differences
@@ -184,13 +172,6 @@ def _classify(result: CountResult, server: int, profile: DriftProfile) -> str:
 
 
 def classify(result: CountResult, server_tokens: int, profile: DriftProfile) -> str:
-    """The cause of `server_tokens − reference` for one request: one of `CAUSES`. Pure. A server count that
+    """The cause of `server_tokens − reference` for one request: one of `causes.CAUSES`. Pure. A server count that
     is not an int is `unknown`; a malformed result or profile is an islwatch bug and raises."""
     return _classify(result, server_tokens, profile)
-
-
-def with_server_parity(cause: str, server_parity_ok: bool | None) -> str:
-    """Drift on a model whose server tokenizes the probe texts differently is explained by that (the probe
-    runs in the proxy, outside the per-request analysis): every token of the prompt may count differently,
-    so an arithmetic signature (+1, a system-prompt-sized offset) would be a coincidence. Exact stays exact."""
-    return SERVER_TOKENIZER_DIFFERS if cause != EXACT and server_parity_ok is False else cause

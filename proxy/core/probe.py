@@ -5,30 +5,15 @@ DeepSeek-V3 folder is `LlamaTokenizer` under transformers 5.19, vLLM 0.32's, and
 5.24: 8 ids against 6 for "Return the word READY."), and llama.cpp's own tokenizer departs from transformers
 on some vocabularies. Then every request drifts for one reason the request cannot show. The probe finds it
 by asking the server's `/tokenize`: no customer data, only the texts below (whitespace, unicode, digits, code,
-the family's special tokens) and one chat rendered from them. Pure: ids in, results out.
+the family's special tokens) and one chat rendered from them (probe_set.py builds them with the
+tokenizer, in the analysis workers). Pure: ids in, results out; no tokenizer or template engine imported, so
+the event-loop process can compare the server's answers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from .tokens import encode, render_messages
-
-# Synthetic probe texts (never request content), each a place where tokenizers are known to part ways.
-PROBE_TEXTS: tuple[tuple[str, str], ...] = (
-    ("sentence", "Return the word READY."),
-    ("leading_space", " leading space and  two  spaces"),
-    ("newlines", "line one\n\nline three\n"),
-    ("tabs_crlf", "\ttab\r\nCRLF\r\n"),
-    ("digits", "12345 3.14159 2026-12-01 0x1F"),
-    ("contractions", "It's they'll've we'd"),
-    ("unicode_nfc", "café naïve Ωμέγα 東京"),
-    ("unicode_nfd", "Ame\u0301lie cafe\u0301"),
-    ("emoji", "🙂👍🏽 👩‍👩‍👧"),
-    ("code", "def main():\n    return {'a': [1, 2]}\n"),
-)
 
 
 @dataclass(frozen=True)
@@ -52,24 +37,6 @@ def first_diff(a: Sequence[int], b: Sequence[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def probes(tok: Any) -> list[Probe]:
-    """The probe set for one tokenizer: the fixed texts, each special token between words, one chat."""
-    out = [Probe(name, text) for name, text in PROBE_TEXTS]
-    specials = sorted({t for t in getattr(tok, "all_special_tokens", []) if isinstance(t, str) and t})
-    out += [Probe(f"special_{i}", f"before {t} after") for i, t in enumerate(specials[:8])]
-    try:
-        chat = [{"role": "user", "content": PROBE_TEXTS[0][1]}]
-        out.append(Probe("rendered_chat", render_messages(tok, chat, add_generation_prompt=True)))
-    except Exception:  # no template, or one that refuses the shape: the plain texts still probe
-        pass
-    return out
-
-
-def our_ids(tok: Any, probe_set: Sequence[Probe]) -> list[list[int]]:
-    """islwatch's ids: the text alone, no special tokens added (as the server is asked to)."""
-    return [encode(tok, p.text, add_special_tokens=False) for p in probe_set]
 
 
 def compare(

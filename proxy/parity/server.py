@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from proxy.core.probe import Probe, ProbeResult, compare, our_ids, probes, summary
+from proxy.core.probe import Probe, ProbeResult, compare, summary
+from proxy.core.probe_set import our_ids, probes
 
 PASS = "pass"
 FAIL = "fail"

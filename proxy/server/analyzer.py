@@ -21,7 +21,7 @@ from proxy.core.diagnose import DriftProfile, build_profile, classify
 from proxy.core.fast import best_encoder
 from proxy.core.flavor import count_as, flavored_tokenizer
 from proxy.core.images import COUNTED, UNMODELED, ImageModel
-from proxy.core.probe import our_ids, probes
+from proxy.core.probe_set import our_ids, probes
 from proxy.core.tokenizer import LoadedTokenizer, TokenizerLoadError, load_tokenizer
 from proxy.core.vision import image_model_for
 from proxy.parity.gate import startup_self_check

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from proxy.core.diagnose import with_server_parity
+from proxy.core.causes import with_server_parity
 from proxy.server.metric_families import (
     ANALYSIS_STAGES,
     BAD_REQUEST_REASONS,

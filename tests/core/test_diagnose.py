@@ -14,6 +14,7 @@ import pytest
 from builders import build_tokenizer
 from conftest import load_shared
 
+from proxy.core import causes
 from proxy.core import diagnose as d
 from proxy.core.count import CountResult, count_request
 
@@ -111,7 +112,7 @@ def test_completions_drift_has_no_template_signature() -> None:
 
 @pytest.mark.parametrize("server", [None, "20", 20.0, True, -5])
 def test_classify_odd_server_counts_are_unknown(server: Any) -> None:
-    assert d.classify(chat_result(), server, PROFILE) in d.CAUSES
+    assert d.classify(chat_result(), server, PROFILE) in causes.CAUSES
     invalid = CountResult(endpoint="chat", bare=None, templated=None, expected_server=None, method="none")
     assert d.classify(invalid, 20, PROFILE) == d.UNKNOWN
     assert d.classify(chat_result(), 20, None) == d.EXACT  # type: ignore[arg-type]
@@ -274,10 +275,10 @@ def test_tools_request_on_a_template_without_tools() -> None:
 
 @pytest.mark.parametrize("cause", [d.UNKNOWN, d.HIDDEN_SYSTEM_PROMPT, d.DUPLICATE_BOS])
 def test_a_failed_server_probe_explains_drift(cause: str) -> None:
-    assert d.with_server_parity(cause, False) == d.SERVER_TOKENIZER_DIFFERS
-    assert d.with_server_parity(cause, True) == cause  # parity holds: the arithmetic stands
-    assert d.with_server_parity(cause, None) == cause  # unknown: no claim
+    assert causes.with_server_parity(cause, False) == causes.SERVER_TOKENIZER_DIFFERS
+    assert causes.with_server_parity(cause, True) == cause  # parity holds: the arithmetic stands
+    assert causes.with_server_parity(cause, None) == cause  # unknown: no claim
 
 
 def test_exact_stays_exact_whatever_the_probe_says() -> None:
-    assert d.with_server_parity(d.EXACT, False) == d.EXACT
+    assert causes.with_server_parity(d.EXACT, False) == d.EXACT

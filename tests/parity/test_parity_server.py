@@ -23,7 +23,7 @@ from aiohttp import web
 from builders import save_tokenizer
 from parity_helpers import run_cli
 
-from proxy.core.probe import PROBE_TEXTS, probes
+from proxy.core.probe_set import PROBE_TEXTS, probes
 from proxy.core.tokenizer import load_tokenizer
 from tests.server.helpers import Background, serve_app
 
