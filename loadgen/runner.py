@@ -7,9 +7,11 @@ and pre-builds first turns before the clock starts, so a slow response or a slow
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import aiohttp
 
@@ -21,6 +23,24 @@ from .replies import Outcome, Record, StreamTimer, failed, json_outcome
 from .workload import Conversation, Request, Workload
 
 JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+@contextlib.contextmanager
+def few_collections() -> Iterator[None]:
+    """While an open loop sends: the prebuilt requests frozen out of the cyclic collector (`gc.freeze`), the
+    young generation collected 70x less often and the old ones next to never. Otherwise every collection of
+    the older generations walks the growing heap of records, and the sends fall behind their schedule
+    (measured: `bench.loadgen_capacity`, 4,000 req/s on one worker: 2,201 achieved with freeze alone,
+    3,998 with p99 lateness 1.3 ms with these thresholds). Young cycles are still freed; the rest when the
+    send is over (a run is bounded)."""
+    before = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 1000)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
 
 
 async def send(session: aiohttp.ClientSession, url: str, req: Request, cfg: LoadgenConfig) -> Outcome:
@@ -197,23 +217,24 @@ class Engine:
             if reply is not None and req.wire and conv.turn < self.cfg.turns:
                 follow_ups.append((conv, self.workload.follow_up(conv, reply)))
 
-        if ready:
-            ready()
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        m0 = time.monotonic()
-        for offset in slots:
-            delay = t0 + offset - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if follow_ups:
-                conv, req = follow_ups.popleft()
-            elif prebuilt:
-                conv, req = prebuilt.popleft()
-            else:
-                conv, req = self.new_conversation()
-            task = asyncio.create_task(one(conv, req, m0 + offset))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        while tasks:
-            await asyncio.gather(*list(tasks))
+        with few_collections():  # the prebuilt requests and the records piling up: out of the GC's way
+            if ready:
+                ready()
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            m0 = time.monotonic()
+            for offset in slots:
+                delay = t0 + offset - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if follow_ups:
+                    conv, req = follow_ups.popleft()
+                elif prebuilt:
+                    conv, req = prebuilt.popleft()
+                else:
+                    conv, req = self.new_conversation()
+                task = asyncio.create_task(one(conv, req, m0 + offset))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:
+                await asyncio.gather(*list(tasks))
