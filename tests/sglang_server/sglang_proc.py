@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from vllm_server.vllm_proc import executable, installed
 from vllm_server.vllm_proc import stop as stop_group
+from vllm_server.vllm_proc import venv_python
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO / "scripts" / "install_sglang.sh"
@@ -41,13 +41,7 @@ class OracleFailed(RuntimeError):
 
 
 def find_python() -> str:
-    """$ISLWATCH_SGLANG_PYTHON, else the install script."""
-    return installed(
-        INSTALL_SCRIPT,
-        ENV_PYTHON,
-        executable,
-        lambda tail: SglangUnavailable(f"SGLang is not installed and {INSTALL_SCRIPT.name} failed: {tail}"),
-    )
+    return venv_python(INSTALL_SCRIPT, ENV_PYTHON, SglangUnavailable, "SGLang")
 
 
 def _read_line(stream: BinaryIO, proc: subprocess.Popen[bytes], deadline: float, log: Path) -> dict[str, Any]:

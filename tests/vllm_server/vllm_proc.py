@@ -84,18 +84,18 @@ def installed(
     return lines[-1]
 
 
-def executable(path: str) -> bool:
-    return os.access(path, os.X_OK)
+def venv_python(script: Path, env_var: str, unavailable: type[Exception], name: str) -> str:
+    """A server venv's python: $`env_var`, else what its install script prints."""
+    return installed(
+        script,
+        env_var,
+        lambda path: os.access(path, os.X_OK),
+        lambda tail: unavailable(f"{name} is not installed and {script.name} failed: {tail}"),
+    )
 
 
 def find_python() -> str:
-    """$ISLWATCH_VLLM_PYTHON, else the install script."""
-    return installed(
-        INSTALL_SCRIPT,
-        ENV_PYTHON,
-        executable,
-        lambda tail: VllmUnavailable(f"vLLM is not installed and {INSTALL_SCRIPT.name} failed: {tail}"),
-    )
+    return venv_python(INSTALL_SCRIPT, ENV_PYTHON, VllmUnavailable, "vLLM")
 
 
 def vllm_version(python: str) -> str:
