@@ -17,9 +17,11 @@ NOTES = [
     "- Everything (client, upstream, proxies, analysis workers) shares the same 2 cores. Two things put "
     "islwatch's added latency above the floor's: its event-loop process does more CPU work per request than the "
     "floor (the bracketed CPU figure: relaying plus handing each request to analysis through a pipe and "
-    "applying the outcome to the metrics), and a saturated analysis worker (one core at 100 %) competes with "
-    "it for the CPU, which shows most in the concurrency-32 p99. Closed-loop phases always saturate analysis "
-    "(the drop column); the open-loop 100 and 500 req/s rows are unsaturated.",
+    "applying the outcome to the metrics), and a saturated analysis worker (one core at 100 %, at nice 10: "
+    "`--analysis-nice`) competes with it for the CPU, which shows most in the concurrency-32 p99. Closed-loop "
+    "phases of the Python client always saturate analysis (the drop column); the open-loop 100 and 500 req/s "
+    "rows are unsaturated. With wrk's one fixed body, the memo (`--analysis-memo`) answers every analysis "
+    "after the first, so the worker idles and the CPU columns are the event loop's own.",
     "- islwatch's CPU per request includes its analysis worker (~2 ms of CPU per new 1,000-token prompt on "
     "llama-3); the number in brackets is its main (event-loop) process alone, to compare with the floor.",
     "- RSS is summed over the process tree (main process + one analysis worker, each holding the tokenizer).",
