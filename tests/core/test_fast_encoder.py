@@ -173,6 +173,23 @@ def test_split_special_tokens_disables_reuse_but_stays_exact() -> None:
     assert count(fc, "chat", body) == count_request(tok, "chat", body)
 
 
+def test_a_truncating_call_on_the_shared_backend_never_truncates_a_count() -> None:
+    """The fast encoder encodes with the tokenizer's own Rust backend (no 44 MB copy); a transformers call
+    with truncation leaves that backend truncating, and a saved tokenizer.json may ship with truncation
+    and padding on: counts stay whole and equal to the reference."""
+    tok = build_tokenizer("chatml")
+    tok.backend_tokenizer.enable_truncation(max_length=3)
+    tok.backend_tokenizer.enable_padding(length=64)
+    fc = FastEncoder(tok)
+    assert fc.direct_proven and fc.reuse_proven
+    body = {"messages": turns(3, TEXTS)}
+    expected = count_request(tok, "chat", body)
+    assert expected.templated is not None and expected.templated > 3
+    tok("a b c d e f g h", truncation=True, max_length=2)  # leaves the shared backend truncating at 2
+    fc.clear_caches()
+    assert count(fc, "chat", body) == expected
+
+
 def test_single_word_added_token_disables_reuse() -> None:
     from tokenizers import AddedToken
 
