@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 import aiohttp
 
-from proxy.server.upstream import retryable, trace_reuse
+from proxy.server.upstream import PoolMarkingConnector, forget_pooled, pooled, retryable
 
 from .arrivals import open_loop_offsets, user_starts
 from .config import LoadgenConfig
@@ -46,12 +46,10 @@ def few_collections() -> Iterator[None]:
 async def send(session: aiohttp.ClientSession, url: str, req: Request, cfg: LoadgenConfig) -> Outcome:
     for attempt in (1, 2):
         start = time.perf_counter()
-        trace = {"reused": False}  # set by trace_reuse() when the request went out on a pooled connection
+        forget_pooled()  # set by the session's PoolMarkingConnector when the request gets a pooled connection
         answered = False
         try:
-            async with session.post(
-                url, data=req.wire, headers=JSON_HEADERS, trace_request_ctx=trace
-            ) as resp:
+            async with session.post(url, data=req.wire, headers=JSON_HEADERS) as resp:
                 answered = True
                 if cfg.streaming and resp.status == 200:
                     timer = StreamTimer()
@@ -63,7 +61,7 @@ async def send(session: aiohttp.ClientSession, url: str, req: Request, cfg: Load
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             # A kept-alive connection the server had closed (llama-server does after a stream): the request
             # never reached it, so it goes once more on a new connection, as the proxy does (upstream.py).
-            if attempt == 1 and not answered and retryable(exc, trace["reused"], req.wire):
+            if attempt == 1 and not answered and retryable(exc, pooled(), req.wire):
                 continue
             return failed(type(exc).__name__)
         return json_outcome(resp.status, raw, (end - start) * 1000)
@@ -101,12 +99,10 @@ class Engine:
 
     async def run(self, ready: Callable[[], None] | None = None) -> list[Record]:
         c = self.cfg
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        connector = PoolMarkingConnector(limit=0, ttl_dns_cache=300)
         timeout = aiohttp.ClientTimeout(total=c.timeout_seconds)
         headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else None
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, headers=headers, trace_configs=[trace_reuse()]
-        ) as session:
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
             self._session = session
             if c.warmup:
                 await self._warmup(self._share(c.warmup))

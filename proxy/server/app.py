@@ -30,7 +30,7 @@ from proxy.server.pool import AnalysisPool
 from proxy.server.problems import ProblemLog
 from proxy.server.records import DEFAULT_KEY, AnalysisSpec
 from proxy.server.server_probe import ServerProbe
-from proxy.server.upstream import KEEPALIVE_SECONDS, trace_reuse
+from proxy.server.upstream import KEEPALIVE_SECONDS, PoolMarkingConnector
 
 log = logging.getLogger("islwatch.proxy")
 
@@ -117,7 +117,6 @@ def upstream_session(timeout_seconds: float) -> Callable[[web.Application], Asyn
     def session(connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(
             connector=connector,
-            trace_configs=[trace_reuse()],  # which requests went out on a pooled connection
             timeout=timeout,
             auto_decompress=False,  # relay compressed bytes as they are
             cookie_jar=aiohttp.DummyCookieJar(),  # never carry one client's cookies to another's request
@@ -126,7 +125,7 @@ def upstream_session(timeout_seconds: float) -> Callable[[web.Application], Asyn
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         app[SESSION] = session(
-            aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=KEEPALIVE_SECONDS)
+            PoolMarkingConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=KEEPALIVE_SECONDS)
         )
         app[FRESH_SESSION] = session(aiohttp.TCPConnector(limit=0, force_close=True))
         yield
