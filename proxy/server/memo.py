@@ -8,9 +8,10 @@ that outcome with this answer's usage instead, and the job never crosses the pip
 CPU, no outcome line). A different server count goes to a worker, which classifies it afresh.
 
 Only clean outcomes are kept (no error, a request of its endpoint, not a mismatch: each mismatch still
-reaches the worker and its dump). Keys are a SHA-256 digest (hardware-accelerated here: ~3 us for a 4.7 KB body) of the body with the generation, tokenizer
-key, endpoint and stream flag; a load (start, reload, restarted worker) opens a new generation, so an
-outcome counted with other tokenizer files is never reused, not even one still in flight.
+reaches the worker and its dump). Keys are a SHA-256 digest (hardware-accelerated here: ~3 us for a
+4.7 KB body) of the body with the generation, tokenizer key, endpoint and stream flag; a load (start,
+reload, restarted worker) opens a new generation, so an outcome counted with other tokenizer files is
+never reused, not even one still in flight.
 """
 
 from __future__ import annotations
