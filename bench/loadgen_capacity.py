@@ -2,11 +2,16 @@
 
 The upstream is `bench/replay_upstream.py --static` (a fixed short answer to any chat request), so the
 upstream costs almost nothing and the loadgen's own limits show. For each rate of a ladder, the loadgen
-runs open loop (constant arrivals) for a few seconds; a rate is held when every request succeeds, the
-achieved rate is within 3 % of the offered one, and p99 send lateness is at most 2 ms (issue 7's target:
-2,000 req/s at p99 lateness <= 2 ms). Where `aiperf` is on PATH, the same ladder runs against it.
+runs open loop (constant arrivals) for a few seconds, `--repeats` times; a run is held when every request
+succeeds, the achieved rate is within 3 % of the offered one, and p99 send lateness is at most 2 ms
+(issue 7's target: 2,000 req/s at p99 lateness <= 2 ms). A rate is held when every run is error-free at
+the rate and the median run's p99 lateness is within 2 ms: on a shared 2-core machine one run in a few
+meets a scheduling hiccup of tens of ms (measured: the same code at 4,000 req/s gave p99 0.5-3 ms run to
+run, old code and new alike), and every run is printed. Where `aiperf` is on PATH, the same ladder runs
+against it.
 
-Usage: python -m bench.loadgen_capacity [--rates 500,1000,2000,3000,4000,6000] [--workers 1,2] [--quick]
+Usage: python -m bench.loadgen_capacity [--rates 500,1000,2000,3000,4000,6000] [--workers 1,2] [--repeats 3]
+       [--quick]
 """
 
 from __future__ import annotations
@@ -69,6 +74,28 @@ def run_loadgen(
     return out
 
 
+def verdict(runs: list[dict]) -> dict:
+    """One rate's verdict over its runs: every run sent it without error, and the median p99 lateness."""
+    ok = [r for r in runs if "error" not in r]
+    p99s = sorted(r["late_p99_ms"] for r in ok)
+    median = p99s[len(p99s) // 2] if p99s else None
+    sent = len(ok) == len(runs) and all(
+        r["errors"] == 0 and r["achieved_rps"] >= 0.97 * r["rate"] for r in ok
+    )
+    return {
+        "workers": runs[0]["workers"],
+        "rate": runs[0]["rate"],
+        "runs": len(runs),
+        "runs_held": sum(1 for r in ok if r["held"]),
+        "median_late_p99_ms": median,
+        "held": bool(sent and median is not None and median <= LATE_P99_MS),
+    }
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f} ms"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     default_tok = SHARED_TOKENIZERS / "llama-3-8b-instruct"
@@ -79,14 +106,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="1,2", help="loadgen --workers values to try")
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--isl", type=int, default=200, help="templated tokens per request")
-    p.add_argument("--quick", action="store_true", help="rates 500,2000; 2 s each; 1 worker")
+    p.add_argument("--repeats", type=int, default=3, help="runs per rate; the median run's lateness counts")
+    p.add_argument("--quick", action="store_true", help="rates 500,2000; 2 s each; 1 worker; 1 run")
     args = p.parse_args(argv)
     if args.quick:
-        args.rates, args.workers, args.seconds = "500,2000", "1", 2.0
+        args.rates, args.workers, args.seconds, args.repeats = "500,2000", "1", 2.0, 1
     rates = [int(r) for r in args.rates.split(",")]
     workers = [int(w) for w in args.workers.split(",")]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     rows: list[dict[str, Any]] = []
+    verdicts: list[dict[str, Any]] = []
     print(f"{'workers':>7} {'rate':>6} {'achieved':>9} {'err':>5} {'late p50':>9} {'late p99':>9} "
           f"{'>1ms':>6} {'lat p99':>8}  held")  # fmt: skip
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
@@ -95,14 +124,20 @@ def main(argv: list[str] | None = None) -> int:
               up + "/health", env)  # fmt: skip
         for w in workers:
             for rate in rates:
-                r = run_loadgen(up, args.tokenizer, rate, w, args.seconds, args.isl, Path(tmp))
-                rows.append(r)
-                if "error" in r:
-                    print(f"{w:7d} {rate:6d} loadgen failed: {r['error']}")
-                    continue
-                print(f"{w:7d} {rate:6d} {r['achieved_rps']:9.0f} {r['errors']:5d} {r['late_p50_ms']:9.3f} "
-                      f"{r['late_p99_ms']:9.3f} {r['late_over_1ms']:6.1%} {r['latency_p99_ms']:8.2f}  {r['held']}")  # fmt: skip
-    held = [r for r in rows if r.get("held")]
+                runs = []
+                for _ in range(args.repeats):
+                    r = run_loadgen(up, args.tokenizer, rate, w, args.seconds, args.isl, Path(tmp))
+                    runs.append(r)
+                    if "error" in r:
+                        print(f"{w:7d} {rate:6d} loadgen failed: {r['error']}")
+                        continue
+                    print(f"{w:7d} {rate:6d} {r['achieved_rps']:9.0f} {r['errors']:5d} {r['late_p50_ms']:9.3f} "
+                          f"{r['late_p99_ms']:9.3f} {r['late_over_1ms']:6.1%} {r['latency_p99_ms']:8.2f}  {r['held']}")  # fmt: skip
+                rows.extend(runs)
+                verdicts.append(v := verdict(runs))
+                print(f"{w:7d} {rate:6d} median p99 lateness {_ms(v['median_late_p99_ms'])}, "
+                      f"{v['runs_held']}/{v['runs']} runs held: rate held {v['held']}")  # fmt: skip
+    held = [v for v in verdicts if v["held"]]
     best = max((r["rate"] for r in held), default=None)
     target = any(r["rate"] >= 2000 for r in held)
     print(
@@ -114,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         print("aiperf not installed: comparison skipped")
     path = write_result("loadgen_capacity", {
         "machine": machine(), "tokenizer": args.tokenizer, "isl": args.isl, "seconds": args.seconds,
-        "rows": rows, "highest_held_rps": best, "target_2000_met": target,
+        "repeats": args.repeats, "rows": rows, "verdicts": verdicts, "highest_held_rps": best,
+        "target_2000_met": target,
         "aiperf": "not installed" if aiperf is None else "installed, comparison not implemented",
     })  # fmt: skip
     print(f"wrote {path}")

@@ -137,6 +137,12 @@ def loadgen_section(d: dict[str, Any]) -> list[str]:
             f"{_f(r['late_p50_ms'], '.3f')} / {_f(r['late_p99_ms'], '.3f')} / {_f(r['late_max_ms'], '.1f')} | "
             f"{_f(r['late_over_1ms'], '.1%')} | {r['held']} |"
         )
+    if d.get("verdicts"):  # runs repeated per rate: the median run's p99 lateness decides
+        out += ["", f"Per rate, {d['repeats']} runs: held when every run sent it without error and the "
+                "median run's p99 lateness is <= 2 ms.", "",
+                "| workers | offered req/s | median p99 lateness ms | runs held | held |", "|---|---|---|---|---|"]  # fmt: skip
+        out += [f"| {v['workers']} | {v['rate']} | {_f(v['median_late_p99_ms'], '.3f')} | "
+                f"{v['runs_held']} / {v['runs']} | {v['held']} |" for v in d["verdicts"]]  # fmt: skip
     out += ["", f"Highest held rate: {d['highest_held_rps']} req/s; aiperf: {d['aiperf']}.", ""]
     return out
 

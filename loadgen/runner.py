@@ -14,8 +14,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 import aiohttp
+from yarl import URL
 
-from proxy.server.upstream import PoolMarkingConnector, forget_pooled, pooled, retryable
+from proxy.server.pooled import PoolMarkingConnector, forget_pooled, pooled, retryable
 
 from .arrivals import open_loop_offsets, user_starts
 from .config import LoadgenConfig
@@ -43,7 +44,7 @@ def few_collections() -> Iterator[None]:
         gc.unfreeze()
 
 
-async def send(session: aiohttp.ClientSession, url: str, req: Request, cfg: LoadgenConfig) -> Outcome:
+async def send(session: aiohttp.ClientSession, url: URL, req: Request, cfg: LoadgenConfig) -> Outcome:
     for attempt in (1, 2):
         start = time.perf_counter()
         forget_pooled()  # set by the session's PoolMarkingConnector when the request gets a pooled connection
@@ -87,6 +88,7 @@ class Engine:
         self.records: list[Record] = []
         self._next_conv = 0
         self._session: aiohttp.ClientSession | None = None
+        self._url = URL(cfg.endpoint_url)  # parsed once, not on every request
 
     # --- shares of the whole run for this worker ---------------------------------------------------------
     def _share(self, total: int) -> int:
@@ -121,7 +123,7 @@ class Engine:
         sent = time.monotonic()
         if req.wire:
             assert self._session is not None
-            out = await send(self._session, self.cfg.endpoint_url, req, self.cfg)
+            out = await send(self._session, self._url, req, self.cfg)
         else:
             out = failed("not sent")
         rec = Record(

@@ -27,10 +27,11 @@ from proxy.server.handler import CONTEXT, FRESH_SESSION, SESSION, ProxyContext, 
 from proxy.server.inspect import Policy
 from proxy.server.metrics import build_metrics
 from proxy.server.pool import AnalysisPool
+from proxy.server.pooled import PoolMarkingConnector
 from proxy.server.problems import ProblemLog
 from proxy.server.records import DEFAULT_KEY, AnalysisSpec
 from proxy.server.server_probe import ServerProbe
-from proxy.server.upstream import KEEPALIVE_SECONDS, PoolMarkingConnector
+from proxy.server.upstream import KEEPALIVE_SECONDS
 
 log = logging.getLogger("islwatch.proxy")
 
