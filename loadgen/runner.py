@@ -7,15 +7,14 @@ and pre-builds first turns before the clock starts, so a slow response or a slow
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import aiohttp
 from yarl import URL
 
+from proxy.server.heap import few_collections
 from proxy.server.pooled import PoolMarkingConnector, forget_pooled, pooled, retryable
 
 from .arrivals import open_loop_offsets, user_starts
@@ -24,24 +23,6 @@ from .replies import Outcome, Record, StreamTimer, failed, json_outcome
 from .workload import Conversation, Request, Workload
 
 JSON_HEADERS = {"Content-Type": "application/json"}
-
-
-@contextlib.contextmanager
-def few_collections() -> Iterator[None]:
-    """While an open loop sends: the prebuilt requests frozen out of the cyclic collector (`gc.freeze`), the
-    young generation collected 70x less often and the old ones next to never. Otherwise every collection of
-    the older generations walks the growing heap of records, and the sends fall behind their schedule
-    (measured: `bench.loadgen_capacity`, 4,000 req/s on one worker: 2,201 achieved with freeze alone,
-    3,998 with p99 lateness 1.3 ms with these thresholds). Young cycles are still freed; the rest when the
-    send is over (a run is bounded)."""
-    before = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 1000)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
-        gc.unfreeze()
 
 
 async def send(session: aiohttp.ClientSession, url: URL, req: Request, cfg: LoadgenConfig) -> Outcome:

@@ -24,6 +24,7 @@ from proxy.server.config import ProxyConfig
 from proxy.server.engine_metrics import EngineScraper
 from proxy.server.guard import Guard, Limits, ServerLog, ensure_fd_limit, track_requests
 from proxy.server.handler import CONTEXT, FRESH_SESSION, SESSION, ProxyContext, handle
+from proxy.server.heap import freeze_startup_heap
 from proxy.server.inspect import Policy
 from proxy.server.metrics import build_metrics
 from proxy.server.pool import AnalysisPool
@@ -236,6 +237,7 @@ async def run_proxy(
 async def serve(config: ProxyConfig) -> None:
     ensure_fd_limit(config.max_connections)
     servers = await start_servers(config)
+    freeze_startup_heap()  # this process only serves from here on (heap.py)
     admin = servers.admin_app
     log.info(
         "relaying %s:%d -> %s; admin on %s:%d", config.listen_address[0], servers.port, config.upstream,

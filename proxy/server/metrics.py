@@ -6,6 +6,7 @@ methods below. The families themselves (names, help, labels, buckets) are in `me
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -15,6 +16,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from proxy.core.causes import with_server_parity
+from proxy.core.usage import Usage
 from proxy.server.metric_families import (
     ANALYSIS_STAGES,
     BAD_REQUEST_REASONS,
@@ -83,6 +85,10 @@ class Metrics:
     # Per tokenizer key: the identity last loaded and the info series' labels (a reload replaces them).
     _identities: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False, compare=False)
     _info_labels: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False, compare=False)
+    # Per (model, endpoint): the usage series of each usage field (reported, not reported, its histogram).
+    _usage_children: dict[tuple[str, str], tuple[Any, ...]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
     # Per model label: the server parity probe's verdict (absent: not probed, or the server has no /tokenize).
     server_parity: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
 
@@ -129,8 +135,9 @@ class Metrics:
     def worker_exited(self) -> None:
         self.analysis_worker_exits.inc()
 
-    def analysed(self, o: AnalysisOutcome, problems: ProblemLog, reused: bool = False) -> None:
-        """One analysed request (event loop thread only); `reused`: from the memo, no worker time."""
+    def analysed(self, o: AnalysisOutcome, problems: ProblemLog, reused: bool = False) -> Plan | None:
+        """One analysed request (event loop thread only); `reused`: from the memo, no worker time. Returns
+        the plan of the series its outcome set, for the memo to apply again (`reapplied`)."""
         if reused:
             self.analysis_reused.inc()
         else:
@@ -143,58 +150,80 @@ class Metrics:
                 f"analysis_error_{o.error_stage or 'state'}", "model %s endpoint %s: %s (%s)", model, endpoint,
                 o.error, o.detail or "-", level=logging.ERROR,
             )  # fmt: skip
-            return
+            return None
         if o.bad_reason:
             self.bad_request(o.bad_reason)
             problems(o.bad_reason, "%s body is not a request of its endpoint (%s)", endpoint, o.detail or "-")
-            return
-        child = self.child
+            return None
+        plan = self.plan(o)
+        for update, value in plan.updates:
+            update(value)
+        self._usage(model, endpoint, (o.server, o.output_tokens, o.cached_tokens, o.reasoning_tokens))
+        _problem_lines(o, problems)
+        return plan
+
+    def reapplied(self, o: AnalysisOutcome, plan: Plan, usage: Usage | None, problems: ProblemLog) -> Plan:
+        """A memo hit (memo.py): the kept outcome `o` again, with this answer's usage; the same series as
+        `analysed` of that outcome would set (tests/server/test_outcome_memo.py compares the two proxies)."""
+        if plan.server_parity is not self.server_parity.get(o.model_label):  # the cause label changed
+            plan = self.plan(o)
+        self.analysis_reused.inc()
+        for update, value in plan.updates:
+            update(value)
+        values = (o.server, None, None, None) if usage is None else (
+            o.server, usage.output_tokens, usage.cached_tokens, usage.reasoning_tokens
+        )  # fmt: skip
+        self._usage(o.model_label, o.endpoint, values)
+        _problem_lines(o, problems)
+        return plan
+
+    def plan(self, o: AnalysisOutcome) -> Plan:
+        """The updates a clean outcome makes to the series it alone decides (all but the answer's usage):
+        labelled children resolved once, so applying it again is one call per series."""
+        model, endpoint, child = o.model_label, o.endpoint, self.child
+        updates: list[tuple[Callable[[float], None], float]] = []
         for kind, value in (("bare", o.bare), ("templated", o.templated), ("server", o.server)):
             if value is not None:
-                child(self.isl_tokens, model, endpoint, kind).observe(value)
-        self._usage(o)
-        self._images(o, problems)
+                updates.append((child(self.isl_tokens, model, endpoint, kind).observe, value))
+        if o.images:
+            updates.append((child(self.images_per_request, model, endpoint).observe, sum(o.images.values())))
+            updates += [(child(self.images, model, endpoint, r).inc, n) for r, n in o.images.items()]
+            if o.image_tokens is not None:
+                updates.append((child(self.image_tokens, model, endpoint).observe, o.image_tokens))
         if o.fallback_reason:
-            child(self.fallback, model, o.fallback_reason).inc()
+            updates.append((child(self.fallback, model, o.fallback_reason).inc, 1))
         if o.match:
-            child(self.match, model, endpoint, o.match).inc()
-            if o.match == "no_server_count":
-                problems(
-                    "no_server_count",
-                    "model %s endpoint %s: response carried no usage",
-                    model,
-                    endpoint,
-                    level=logging.DEBUG,
-                )
+            updates.append((child(self.match, model, endpoint, o.match).inc, 1))
         if o.server is not None and o.expected is not None:
-            child(self.drift_tokens, model, endpoint).observe(o.server - o.expected)
+            updates.append((child(self.drift_tokens, model, endpoint).observe, o.server - o.expected))
+        parity = self.server_parity.get(model)
         if o.cause:
-            cause = with_server_parity(o.cause, self.server_parity.get(model))
-            child(self.drift, model, endpoint, cause).inc()
+            updates.append((child(self.drift, model, endpoint, with_server_parity(o.cause, parity)).inc, 1))
         if o.duplicate_bos_risk:
-            child(self.duplicate_bos_risk, model, endpoint).inc()
+            updates.append((child(self.duplicate_bos_risk, model, endpoint).inc, 1))
+        return Plan(tuple(updates), parity)
 
-    def _images(self, o: AnalysisOutcome, problems: ProblemLog) -> None:
-        """A request's images: how many, what became of each (proxy/core/images.py), their tokens."""
-        if not o.images:
-            return
-        self.child(self.images_per_request, o.model_label, o.endpoint).observe(sum(o.images.values()))
-        for result, n in o.images.items():
-            self.child(self.images, o.model_label, o.endpoint, result).inc(n)
-        if o.image_tokens is not None:
-            self.child(self.image_tokens, o.model_label, o.endpoint).observe(o.image_tokens)
-        if o.images.get("unreadable"):
-            problems("image_unreadable", "model %s endpoint %s: an image's size could not be read (corrupt, "
-                     "unsupported format or too large): counted as media", o.model_label, o.endpoint)  # fmt: skip
-
-    def _usage(self, o: AnalysisOutcome) -> None:
-        """The rest of the answer's usage, and which of its fields the server reported at all."""
-        values = (o.server, o.output_tokens, o.cached_tokens, o.reasoning_tokens)
-        histograms = (None, self.output_tokens, self.cached_prompt_tokens, self.reasoning_tokens)
-        for field_name, histogram, value in zip(USAGE_FIELDS, histograms, values, strict=True):
-            self.child(self.usage_fields, o.model_label, field_name, str(value is not None).lower()).inc()
-            if histogram is not None and value is not None:
-                self.child(histogram, o.model_label, o.endpoint).observe(value)
+    def _usage(self, model: str, endpoint: str, values: tuple[int | None, ...]) -> None:
+        """The rest of the answer's usage (prompt, output, cached, reasoning tokens), and which of its fields
+        the server reported at all."""
+        series = self._usage_children.get((model, endpoint))
+        if series is None:
+            histograms = (None, self.output_tokens, self.cached_prompt_tokens, self.reasoning_tokens)
+            series = self._usage_children[(model, endpoint)] = tuple(
+                (
+                    self.child(self.usage_fields, model, name, "true"),
+                    self.child(self.usage_fields, model, name, "false"),
+                    None if histogram is None else self.child(histogram, model, endpoint),
+                )
+                for name, histogram in zip(USAGE_FIELDS, histograms, strict=True)
+            )
+        for (reported, absent, histogram), value in zip(series, values, strict=True):
+            if value is None:
+                absent.inc()
+            else:
+                reported.inc()
+                if histogram is not None:
+                    histogram.observe(value)
 
     # ---- the engine's own counters (engine_metrics.py) ----------------------------------------------------
 
@@ -276,6 +305,24 @@ def build_metrics(registry: CollectorRegistry, process_metrics: bool = True) -> 
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
     return metrics
+
+
+@dataclass(frozen=True)
+class Plan:
+    """`Metrics.plan` of one outcome: (update, value) pairs, and the server parity verdict its drift cause
+    label was chosen with (a new verdict asks for a new plan)."""
+
+    updates: tuple[tuple[Callable[[float], None], float], ...]
+    server_parity: bool | None
+
+
+def _problem_lines(o: AnalysisOutcome, problems: ProblemLog) -> None:
+    if o.match == "no_server_count":
+        problems("no_server_count", "model %s endpoint %s: response carried no usage", o.model_label,
+                 o.endpoint, level=logging.DEBUG)  # fmt: skip
+    if o.images and o.images.get("unreadable"):
+        problems("image_unreadable", "model %s endpoint %s: an image's size could not be read (corrupt, "
+                 "unsupported format or too large): counted as media", o.model_label, o.endpoint)  # fmt: skip
 
 
 def status_class(status: int | None) -> str:

@@ -195,8 +195,10 @@ class AnalysisPool:
         dropped."""
         key = self.memo.key(job)
         if key is not None:
-            if (reused := self.memo.reuse(key, job)) is not None:
-                self.metrics.analysed(reused, self._problems, reused=True)
+            if (reuse := self.memo.reuse(key, job)) is not None:
+                plan = self.metrics.reapplied(reuse.kept, reuse.plan, reuse.usage, self._problems)
+                if plan is not reuse.plan:  # made anew (the server parity verdict changed): kept instead
+                    self.memo.keep(reuse.kept, plan)
                 return True
             job = dataclasses.replace(job, memo_key=key)
         if self.in_flight >= self.queue_max:
@@ -218,8 +220,8 @@ class AnalysisPool:
 
     def finished(self, outcome: AnalysisOutcome) -> None:
         self.in_flight -= 1
-        self.memo.keep(outcome)
-        self.metrics.analysed(outcome, self._problems)
+        if (plan := self.metrics.analysed(outcome, self._problems)) is not None:
+            self.memo.keep(outcome, plan)
 
     def _failed(self, exc: BaseException) -> None:
         self.in_flight -= 1

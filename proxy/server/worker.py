@@ -19,6 +19,7 @@ import orjson
 
 from proxy.server.analyzer import AnalysisSpec, Analyzer
 from proxy.server.frames import FRAME_HEAD, READY, decode_job, encode_outcome
+from proxy.server.heap import freeze_startup_heap
 from proxy.server.problems import traceback_line
 from proxy.server.records import NONE_LABEL, OTHER_ENDPOINT, AnalysisOutcome
 
@@ -69,6 +70,7 @@ def main(argv: list[str]) -> int:
         analyzer = Analyzer.load(AnalysisSpec.from_json(spec_json))
         reports = [r.as_row() for r in analyzer.describe()] if describe else None
         _release_freed_heap()  # after the load and its self-check, which free what they built
+        freeze_startup_heap()  # the loaded tokenizers are never walked by a collection again (heap.py)
         if analyzer.spec.nice:
             os.nice(analyzer.spec.nice)  # after loading: a reload is not slowed, the analyses yield
         out.write(orjson.dumps((READY, reports)) + b"\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from proxy.core.tokenizer import load_tokenizer
 from proxy.core.usage import Usage
@@ -27,6 +29,8 @@ from proxy.emulator.faults import parse_faults
 from proxy.server.analyzer import Analyzer
 from proxy.server.app import run_proxy
 from proxy.server.memo import OutcomeMemo
+from proxy.server.metrics import build_metrics
+from proxy.server.problems import ProblemLog
 from proxy.server.records import DEFAULT_KEY, DEFAULT_LABEL, AnalysisJob, AnalysisOutcome, AnalysisSpec
 from tests.server.helpers import Background, proxy_config, serve_app, settled, value, wait_metrics
 
@@ -75,11 +79,19 @@ def expected_count(analyzer: Analyzer) -> int:
     return count
 
 
+PLANS = build_metrics(CollectorRegistry(), process_metrics=False)
+
+
+def keep(memo: OutcomeMemo, outcome: AnalysisOutcome) -> None:
+    """As the pool keeps a worker's outcome: with the plan `Metrics.analysed` applied for it."""
+    memo.keep(outcome, PLANS.plan(outcome))
+
+
 def kept(memo: OutcomeMemo, analyzer: Analyzer, j: AnalysisJob) -> str:
     """Run `j` as the pool does on a miss (key it, a worker analyses it, the outcome comes back); its key."""
     key = memo.key(j)
     assert key is not None and memo.reuse(key, j) is None
-    memo.keep(analyzer.analyze(dataclasses.replace(j, memo_key=key)))
+    keep(memo, analyzer.analyze(dataclasses.replace(j, memo_key=key)))
     return key
 
 
@@ -97,8 +109,9 @@ def test_json_answer_with_the_kept_count_is_reused_with_its_own_usage(analyzer: 
     key = kept(memo, analyzer, job(response_json=json_answer(n, output=16, cached=0)))
     again = job(response_json=json_answer(n, output=3, cached=8))
     assert memo.key(again) == key
-    reused = memo.reuse(key, again)
-    assert reused is not None
+    reuse = memo.reuse(key, again)
+    assert reuse is not None
+    reused = reuse.outcome
     assert reused == as_worker(analyzer, again, key)
     assert (reused.match, reused.server, reused.output_tokens, reused.cached_tokens) == ("exact", n, 3, 8)
 
@@ -108,22 +121,22 @@ def test_stream_usage_with_the_kept_count_is_reused_with_its_own_usage(analyzer:
     memo = OutcomeMemo()
     key = kept(memo, analyzer, job(**stream_usage(n, 16)))
     again = job(**stream_usage(n, 5, cached=4, reasoning=2))
-    reused = memo.reuse(key, again)
+    reuse = memo.reuse(key, again)
+    assert reuse is not None
+    reused = reuse.outcome
     assert reused == as_worker(analyzer, again, key)
-    assert reused is not None and (reused.output_tokens, reused.cached_tokens, reused.reasoning_tokens) == (
-        5,
-        4,
-        2,
-    )
+    assert (reused.output_tokens, reused.cached_tokens, reused.reasoning_tokens) == (5, 4, 2)
 
 
 def test_a_kept_answer_without_usage_is_reused_for_another_without_usage(analyzer: Analyzer) -> None:
     memo = OutcomeMemo()
     key = kept(memo, analyzer, job(response_json=json_answer(None, 0)))
     again = job(response_json=b'{"id":"other","choices":[]}')
-    reused = memo.reuse(key, again)
+    reuse = memo.reuse(key, again)
+    assert reuse is not None
+    reused = reuse.outcome
     assert reused == as_worker(analyzer, again, key)
-    assert reused is not None and reused.match == "no_server_count" and reused.output_tokens is None
+    assert reused.match == "no_server_count" and reused.output_tokens is None
 
 
 @pytest.mark.parametrize("other", [1, -1, None], ids=["one-more", "one-less", "no-usage"])
@@ -170,16 +183,16 @@ def test_mismatches_errors_and_bad_bodies_are_not_kept(analyzer: Analyzer) -> No
         assert key is not None
         outcome = analyzer.analyze(dataclasses.replace(j, memo_key=key))
         assert outcome.match == "mismatch" or outcome.error or outcome.bad_reason
-        memo.keep(outcome)
+        keep(memo, outcome)
         assert memo.reuse(key, j) is None
     # An outcome that counted nothing (match None) is not kept either.
-    memo.keep(AnalysisOutcome("chat", DEFAULT_LABEL, 0.001, memo_key=memo.key(job())))
+    keep(memo, AnalysisOutcome("chat", DEFAULT_LABEL, 0.001, memo_key=memo.key(job())))
     assert len(memo) == 0
 
 
 def test_an_outcome_without_a_key_is_not_kept(analyzer: Analyzer) -> None:
     memo = OutcomeMemo()
-    memo.keep(analyzer.analyze(job(response_json=json_answer(expected_count(analyzer), 16))))
+    keep(memo, analyzer.analyze(job(response_json=json_answer(expected_count(analyzer), 16))))
     assert len(memo) == 0
 
 
@@ -196,7 +209,7 @@ def test_a_new_generation_forgets_kept_outcomes_and_those_still_in_flight(analyz
     # The outcome of a job keyed before the load comes back after it: stored, never found by a new key.
     assert in_flight is not None
     late = job(body=BODY + b"\n", response_json=json_answer(n, 16))
-    memo.keep(analyzer.analyze(dataclasses.replace(late, memo_key=in_flight)))
+    keep(memo, analyzer.analyze(dataclasses.replace(late, memo_key=in_flight)))
     assert len(memo) == 1
     late_key = memo.key(late)
     assert late_key is not None and late_key != in_flight and memo.reuse(late_key, late) is None
@@ -218,6 +231,38 @@ def test_zero_entries_keys_nothing() -> None:
     memo = OutcomeMemo(entries=0)
     assert memo.key(job()) is None
     assert len(memo) == 0
+
+
+def drift_samples(registry: CollectorRegistry) -> dict[tuple[Any, ...], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in registry.collect()
+        if fam.name in ("islwatch_drift", "islwatch_isl_match", "islwatch_isl_tokens")
+        for s in fam.samples
+        if not s.name.endswith("_created")
+    }
+
+
+def test_a_new_server_parity_verdict_remakes_the_plan() -> None:
+    """The drift cause label depends on the server parity verdict (causes.py `with_server_parity`), which the
+    probe may change after an outcome was kept: the memo hit then counts as `analysed` would now."""
+    o = AnalysisOutcome("chat", DEFAULT_LABEL, 0.0, bare=7, templated=9, expected=9, server=10,
+                        match="exact", cause="bos_added", memo_key="k")  # fmt: skip
+    problems = ProblemLog(logging.getLogger("test"))
+    memo_side, worker_side = (build_metrics(CollectorRegistry(), process_metrics=False) for _ in range(2))
+    plan = memo_side.analysed(o, problems)  # kept with the first verdict (none yet)
+    worker_side.analysed(o, problems)
+    assert plan is not None
+    for side in (memo_side, worker_side):
+        side.server_probed(DEFAULT_LABEL, False)  # the probe finds the server tokenizes differently
+    remade = memo_side.reapplied(o, plan, None, problems)
+    worker_side.analysed(o, problems)
+    assert remade is not plan
+    assert drift_samples(memo_side.registry) == drift_samples(worker_side.registry)
+    causes = {dict(labels).get("cause"): v for (name, labels), v in drift_samples(worker_side.registry).items()
+              if name == "islwatch_drift_total"}  # fmt: skip
+    assert causes == {"bos_added": 1.0, "server_tokenizer_differs": 1.0}
+    assert memo_side.reapplied(o, remade, None, problems) is remade  # the same verdict: the same plan
 
 
 # ---- end to end -------------------------------------------------------------------------------------------
