@@ -152,6 +152,16 @@ async def track_requests(
         guarded.request_done()
 
 
+def body_if_arrived(request: web.Request, limit: int) -> bytes | None:
+    """The whole body, when its declared length is within `limit` and all of it is already buffered (a
+    small request's body comes in the same reads as its head): nothing to wait for, so no reader and no
+    deadline. None otherwise: read it with `body_chunks`."""
+    length = request.content_length
+    if length is None or length > limit or not request.content.is_eof():
+        return None
+    return request.content.read_nowait()
+
+
 async def body_chunks(
     request: web.Request, timeout: float, metrics: Metrics, problems: ProblemLog
 ) -> AsyncIterator[bytes]:

@@ -14,7 +14,7 @@ import orjson
 from aiohttp import web
 
 from proxy.core.endpoints import SHAPES, Endpoint, endpoint_of
-from proxy.server.guard import body_chunks
+from proxy.server.guard import body_chunks, body_if_arrived
 from proxy.server.metrics import Metrics
 from proxy.server.problems import ProblemLog
 from proxy.server.records import NONE_LABEL, OTHER_ENDPOINT, route_model
@@ -110,15 +110,19 @@ async def inspect(request: web.Request, policy: Policy, metrics: Metrics, proble
     endpoint = endpoint_of(request.method, request.path)
     if not request.body_exists:
         return Inspected(endpoint, None)
-    chunks = body_chunks(request, policy.body_timeout, metrics, problems)
+    # A body of known, bounded length is read whole even for a path islwatch only relays, so that a request
+    # lost on a stale pooled connection can be sent again (upstream.retryable needs bytes).
+    if (arrived := body_if_arrived(request, policy.max_body_bytes)) is not None:
+        body, complete = arrived, True
+    else:
+        chunks = body_chunks(request, policy.body_timeout, metrics, problems)
+        if endpoint is None:
+            if request.content_length is not None and request.content_length <= policy.max_body_bytes:
+                return Inspected(endpoint, (await read_limited(chunks, policy.max_body_bytes))[0])
+            return Inspected(endpoint, chunks)  # any other body streams through
+        body, complete = await read_limited(chunks, policy.max_body_bytes)
     if endpoint is None:
-        # A body of known, bounded length is read whole even here, so that a request lost on a stale pooled
-        # connection can be sent again (upstream.retryable needs bytes); any other body streams through.
-        if request.content_length is not None and request.content_length <= policy.max_body_bytes:
-            body, _ = await read_limited(chunks, policy.max_body_bytes)
-            return Inspected(endpoint, body)
-        return Inspected(endpoint, chunks)
-    body, complete = await read_limited(chunks, policy.max_body_bytes)
+        return Inspected(endpoint, body)
     if not complete:
         metrics.bad_request("body_too_large")
         problems(
