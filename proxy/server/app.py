@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from proxy.server.admin import POOL, build_admin, reload_tokenizers
 from proxy.server.config import ProxyConfig
 from proxy.server.engine_metrics import EngineScraper
-from proxy.server.guard import Guard, Limits, ServerLog, ensure_fd_limit, track_requests
+from proxy.server.guard import Guard, Limits, ServerLog, ensure_fd_limit
 from proxy.server.handler import CONTEXT, FRESH_SESSION, SESSION, ProxyContext, handle
 from proxy.server.heap import freeze_startup_heap
 from proxy.server.inspect import Policy
@@ -93,7 +93,7 @@ def build_apps(
                 task.cancel()
         await pool.close()
 
-    traffic = web.Application(client_max_size=config.max_body_bytes, middlewares=[track_requests])
+    traffic = web.Application(client_max_size=config.max_body_bytes)
     traffic[CONTEXT] = context
     traffic.cleanup_ctx.append(upstream_session(config.upstream_timeout_seconds))
     traffic.cleanup_ctx.append(analysis_pool)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
+from proxy.server.guard import connection_guard
 from proxy.server.inspect import Inspected, Policy, inspect
 from proxy.server.metrics import Metrics
 from proxy.server.pool import AnalysisPool
@@ -39,6 +40,17 @@ FRESH_SESSION = web.AppKey("fresh_session", aiohttp.ClientSession)  # never pool
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
+    guarded = connection_guard(request)
+    if guarded is not None:
+        guarded.head_received()  # the head deadline stops; the next starts with the next head's first byte
+    try:
+        return await _handle(request)
+    finally:
+        if guarded is not None:
+            guarded.request_done()
+
+
+async def _handle(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
     stage = "request"  # where a client that goes away left: islwatch_client_disconnects_total{stage}
     try:
