@@ -52,6 +52,9 @@ class Guard:
         self.metrics = metrics
         self.problems = problems
         self.open = 0
+        # Made in the serving loop. Kept: Python 3.11's get_running_loop makes a getpid() system call on
+        # every call (strace: one of the three per request), and each head starts a timer on this loop.
+        self.loop = asyncio.get_running_loop()
 
     def __call__(self) -> asyncio.Protocol:
         return _Guarded(self, self.server())
@@ -91,8 +94,7 @@ class _Guarded(asyncio.Protocol):
         if not self._admitted:
             return
         if self._head_timer is None and not self._in_request:  # the first bytes of a head
-            loop = asyncio.get_running_loop()
-            self._head_timer = loop.call_later(self._guard.limits.header_timeout, self._head_late)
+            self._head_timer = self._guard.loop.call_later(self._guard.limits.header_timeout, self._head_late)
         self._handler.data_received(data)
 
     def eof_received(self) -> None:  # RequestHandler's: None, the transport closes itself
