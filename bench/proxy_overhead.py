@@ -281,6 +281,12 @@ def main(argv: list[str] | None = None) -> int:
         "--variant-nice", type=int, metavar="N", help="add a variant whose analysis workers run at nice N"
     )
     p.add_argument("--islwatch-arg", action="append", default=[], help="extra `islwatch proxy` argument")
+    p.add_argument(
+        "--variant-label",
+        default="",
+        metavar="TEXT",
+        help="what the variant is, for the report (e.g. 'the code of commit 17cc65d')",
+    )
     p.add_argument("--variant-arg", action="append", default=[], metavar="ARG",
                    help="add a variant with this extra `islwatch proxy` argument (e.g. --variant-arg=--analysis-queue=1)")  # fmt: skip
     args = p.parse_args(argv)
@@ -371,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     path = write_result(result, {
         "machine": machine(), "tokenizer": args.tokenizer, "seconds": time.perf_counter() - t0,
         "islwatch_args": args.islwatch_arg, "upstream": args.upstream, "summary": summary, "targets_met": checks,
-        "phases": plan, "variant": {"env": args.variant_env, "nice": args.variant_nice, "args": args.variant_arg},
+        "phases": plan, "variant": {"env": args.variant_env, "nice": args.variant_nice, "args": args.variant_arg,
+                    "label": args.variant_label},
         "client": args.client,
         "body_tokens": "~1000 (1-turn chat), max_tokens 16" + (", one fixed body" if args.client == "wrk" else ""),
     })  # fmt: skip

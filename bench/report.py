@@ -115,7 +115,29 @@ def overhead_section(d: dict[str, Any]) -> list[str]:
         "Targets: " + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in d["targets_met"].items()),
         "",
     ]
-    return out
+    return out + _variant_rows(d)
+
+
+def _variant_rows(d: dict[str, Any]) -> list[str]:
+    """A second islwatch measured in the same run (`--variant-*`): an A/B of a change, side by side."""
+    v = d.get("variant") or {}
+    if not any("variant" in t for t in d["summary"].values()):
+        return []
+    what = v.get("label") or ", ".join([*v.get("env", []), *v.get("args", [])]) or f"nice {v.get('nice')}"
+    out = [
+        f"Variant in the same run: {what}.",
+        "",
+        "| phase | islwatch / variant +p50 ms | islwatch / variant req/s | event-loop CPU s per 1k: islwatch / variant |",
+        "|---|---|---|---|",
+    ]
+    for phase, t in d["summary"].items():
+        isl, var = t.get("islwatch", {}), t.get("variant", {})
+        out.append(
+            f"| {phase} | {_f(isl.get('added_p50_ms'))} / {_f(var.get('added_p50_ms'))} | "
+            f"{_f(isl.get('rps'), '.0f')} / {_f(var.get('rps'), '.0f')} | "
+            f"{_f(isl.get('proxy_main_cpu_s_per_1000'))} / {_f(var.get('proxy_main_cpu_s_per_1000'))} |"
+        )
+    return [*out, ""]
 
 
 def loadgen_section(d: dict[str, Any]) -> list[str]:

@@ -135,13 +135,10 @@ class Metrics:
     def worker_exited(self) -> None:
         self.analysis_worker_exits.inc()
 
-    def analysed(self, o: AnalysisOutcome, problems: ProblemLog, reused: bool = False) -> Plan | None:
-        """One analysed request (event loop thread only); `reused`: from the memo, no worker time. Returns
-        the plan of the series its outcome set, for the memo to apply again (`reapplied`)."""
-        if reused:
-            self.analysis_reused.inc()
-        else:
-            self.analysis_seconds.observe(o.seconds)
+    def analysed(self, o: AnalysisOutcome, problems: ProblemLog) -> Plan | None:
+        """One request a worker analysed (event loop thread only). Returns the plan of the series its outcome
+        set, for the memo to apply again (`reapplied`); None for an outcome that counted nothing."""
+        self.analysis_seconds.observe(o.seconds)
         model, endpoint = o.model_label, o.endpoint
         if o.error:
             if o.error_stage:  # an islwatch bug: counted, and one line with its frames (detail)
