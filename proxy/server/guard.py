@@ -114,7 +114,7 @@ class _Guarded(asyncio.Protocol):
         self._guard.opened(-1)
         self._handler.connection_lost(exc)
 
-    # ---- from the handler (`connection_guard`), around each request --------------------------------------------------------
+    # ---- from the handler (`connection_guard`), around each request -------------------------------------
 
     def head_received(self) -> None:
         self._stop_head_timer()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from proxy.core.usage import Usage
 from proxy.server.metrics import Plan
@@ -37,20 +37,6 @@ class Reuse:
     kept: AnalysisOutcome
     plan: Plan
     usage: Usage | None
-
-    @property
-    def outcome(self) -> AnalysisOutcome:
-        """What a worker would compute for this answer: the kept outcome with this answer's usage and no
-        worker time (`Metrics.reapplied` sets the same series without building it)."""
-        u = self.usage
-        if u is None:
-            return replace(
-                self.kept, seconds=0.0, output_tokens=None, cached_tokens=None, reasoning_tokens=None
-            )
-        return replace(
-            self.kept, seconds=0.0, output_tokens=u.output_tokens, cached_tokens=u.cached_tokens,
-            reasoning_tokens=u.reasoning_tokens,
-        )  # fmt: skip
 
 
 class OutcomeMemo:

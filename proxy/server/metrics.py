@@ -85,10 +85,6 @@ class Metrics:
     # Per tokenizer key: the identity last loaded and the info series' labels (a reload replaces them).
     _identities: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False, compare=False)
     _info_labels: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False, compare=False)
-    # Per (model, endpoint): the usage series of each usage field (reported, not reported, its histogram).
-    _usage_children: dict[tuple[str, str], tuple[Any, ...]] = field(
-        default_factory=dict, repr=False, compare=False
-    )
     # Per model label: the server parity probe's verdict (absent: not probed, or the server has no /tokenize).
     server_parity: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
 
@@ -203,24 +199,11 @@ class Metrics:
     def _usage(self, model: str, endpoint: str, values: tuple[int | None, ...]) -> None:
         """The rest of the answer's usage (prompt, output, cached, reasoning tokens), and which of its fields
         the server reported at all."""
-        series = self._usage_children.get((model, endpoint))
-        if series is None:
-            histograms = (None, self.output_tokens, self.cached_prompt_tokens, self.reasoning_tokens)
-            series = self._usage_children[(model, endpoint)] = tuple(
-                (
-                    self.child(self.usage_fields, model, name, "true"),
-                    self.child(self.usage_fields, model, name, "false"),
-                    None if histogram is None else self.child(histogram, model, endpoint),
-                )
-                for name, histogram in zip(USAGE_FIELDS, histograms, strict=True)
-            )
-        for (reported, absent, histogram), value in zip(series, values, strict=True):
-            if value is None:
-                absent.inc()
-            else:
-                reported.inc()
-                if histogram is not None:
-                    histogram.observe(value)
+        histograms = (None, self.output_tokens, self.cached_prompt_tokens, self.reasoning_tokens)
+        for field_name, histogram, value in zip(USAGE_FIELDS, histograms, values, strict=True):
+            self.child(self.usage_fields, model, field_name, "false" if value is None else "true").inc()
+            if histogram is not None and value is not None:
+                self.child(histogram, model, endpoint).observe(value)
 
     # ---- the engine's own counters (engine_metrics.py) ----------------------------------------------------
 

@@ -260,8 +260,16 @@ class Origin:
     requests: list[Seen] = field(default_factory=list)
     malformed: list[str] = field(default_factory=list)
     replies: list[bytes] = field(default_factory=list)  # canned answers for the next requests, else an echo
-    hold: bool = False  # record requests without answering them
+    hold: bool = False  # record requests without answering them (until `release`)
     closed_by_peer: int = 0  # connections the other side closed
+    held: list[tuple[_OriginProtocol, Seen]] = field(default_factory=list)
+
+    def release(self) -> None:
+        """Answer every request held so far, and the next ones at once."""
+        self.hold = False
+        while self.held:
+            protocol, seen = self.held.pop(0)
+            protocol.answer(seen)
 
     @property
     def url(self) -> str:
@@ -302,17 +310,19 @@ class _OriginProtocol(asyncio.Protocol):
             self.buf = self.buf[used:]
             self.origin.requests.append(seen)
             if self.origin.hold:
+                self.origin.held.append((self, seen))
                 continue
-            if self.origin.replies:
-                self.transport.write(self.origin.replies.pop(0))
-                continue
-            echo = orjson.dumps(
-                {"method": seen.method, "path": seen.target, "body": seen.body.decode("latin-1")}
-            )
-            self.transport.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                % (len(echo), echo)
-            )
+            self.answer(seen)
+
+    def answer(self, seen: Seen) -> None:
+        if self.origin.replies:
+            self.transport.write(self.origin.replies.pop(0))
+            return
+        echo = orjson.dumps({"method": seen.method, "path": seen.target, "body": seen.body.decode("latin-1")})
+        self.transport.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(echo), echo)
+        )
 
 
 @asynccontextmanager

@@ -104,6 +104,26 @@ async def test_a_head_trickled_byte_by_byte_is_closed_too() -> None:
         assert cut(await metrics(urls), "header_timeout") == 1
 
 
+async def test_an_answer_slower_than_the_header_timeout_is_not_cut() -> None:
+    """The head deadline stops once the head is complete (the handler tells the connection's guard): an
+    upstream answer that takes longer than `header_timeout_seconds` still reaches the client. The wait is on
+    an event: a head left half-sent after this request's head is closed first, so this request's deadline
+    would have passed too before the origin answers."""
+    async with proxy(header_timeout_seconds=SHORT) as (urls, origin):
+        origin.hold = True
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(urls))
+        writer.write(GET)
+        await eventually_async(lambda: len(origin.held), until=lambda n: n == 1, what="the origin holding it")
+        late_reader, late_writer = await asyncio.open_connection("127.0.0.1", port_of(urls))
+        late_writer.write(HALF_HEAD)
+        assert await closed_by_proxy(late_reader) == b""  # its deadline passed
+        late_writer.close()
+        origin.release()
+        assert (await response(reader))[0] == 200
+        writer.close()
+        assert cut(await metrics(urls), "header_timeout") == 1  # the half-sent head only
+
+
 async def test_a_body_that_stops_is_closed_after_the_body_timeout() -> None:
     """On an analysed endpoint (the proxy reads the body first) and on a relayed path (the body streams
     upstream as it arrives); neither is counted as the upstream's failure."""

@@ -28,7 +28,7 @@ from proxy.emulator.app import EmulatorConfig, start_emulator
 from proxy.emulator.faults import parse_faults
 from proxy.server.analyzer import Analyzer
 from proxy.server.app import run_proxy
-from proxy.server.memo import OutcomeMemo
+from proxy.server.memo import OutcomeMemo, Reuse
 from proxy.server.metrics import build_metrics
 from proxy.server.problems import ProblemLog
 from proxy.server.records import DEFAULT_KEY, DEFAULT_LABEL, AnalysisJob, AnalysisOutcome, AnalysisSpec
@@ -95,6 +95,17 @@ def kept(memo: OutcomeMemo, analyzer: Analyzer, j: AnalysisJob) -> str:
     return key
 
 
+def hit_outcome(reuse: Reuse | None) -> AnalysisOutcome:
+    """What a memo hit stands for (what `Metrics.reapplied` counts): the kept outcome with this answer's
+    usage and no worker time."""
+    assert reuse is not None
+    u = reuse.usage
+    return dataclasses.replace(
+        reuse.kept, seconds=0.0, output_tokens=u and u.output_tokens, cached_tokens=u and u.cached_tokens,
+        reasoning_tokens=u and u.reasoning_tokens,
+    )  # fmt: skip
+
+
 def as_worker(analyzer: Analyzer, j: AnalysisJob, key: str) -> AnalysisOutcome:
     """What a worker would compute for `j`, with the memo's zero time (reuse takes no worker time)."""
     return dataclasses.replace(analyzer.analyze(dataclasses.replace(j, memo_key=key)), seconds=0.0)
@@ -109,11 +120,9 @@ def test_json_answer_with_the_kept_count_is_reused_with_its_own_usage(analyzer: 
     key = kept(memo, analyzer, job(response_json=json_answer(n, output=16, cached=0)))
     again = job(response_json=json_answer(n, output=3, cached=8))
     assert memo.key(again) == key
-    reuse = memo.reuse(key, again)
-    assert reuse is not None
-    reused = reuse.outcome
-    assert reused == as_worker(analyzer, again, key)
-    assert (reused.match, reused.server, reused.output_tokens, reused.cached_tokens) == ("exact", n, 3, 8)
+    got = hit_outcome(memo.reuse(key, again))
+    assert got == as_worker(analyzer, again, key)
+    assert (got.match, got.server, got.output_tokens, got.cached_tokens) == ("exact", n, 3, 8)
 
 
 def test_stream_usage_with_the_kept_count_is_reused_with_its_own_usage(analyzer: Analyzer) -> None:
@@ -121,22 +130,18 @@ def test_stream_usage_with_the_kept_count_is_reused_with_its_own_usage(analyzer:
     memo = OutcomeMemo()
     key = kept(memo, analyzer, job(**stream_usage(n, 16)))
     again = job(**stream_usage(n, 5, cached=4, reasoning=2))
-    reuse = memo.reuse(key, again)
-    assert reuse is not None
-    reused = reuse.outcome
-    assert reused == as_worker(analyzer, again, key)
-    assert (reused.output_tokens, reused.cached_tokens, reused.reasoning_tokens) == (5, 4, 2)
+    got = hit_outcome(memo.reuse(key, again))
+    assert got == as_worker(analyzer, again, key)
+    assert (got.output_tokens, got.cached_tokens, got.reasoning_tokens) == (5, 4, 2)
 
 
 def test_a_kept_answer_without_usage_is_reused_for_another_without_usage(analyzer: Analyzer) -> None:
     memo = OutcomeMemo()
     key = kept(memo, analyzer, job(response_json=json_answer(None, 0)))
     again = job(response_json=b'{"id":"other","choices":[]}')
-    reuse = memo.reuse(key, again)
-    assert reuse is not None
-    reused = reuse.outcome
-    assert reused == as_worker(analyzer, again, key)
-    assert reused.match == "no_server_count" and reused.output_tokens is None
+    got = hit_outcome(memo.reuse(key, again))
+    assert got == as_worker(analyzer, again, key)
+    assert got.match == "no_server_count" and got.output_tokens is None
 
 
 @pytest.mark.parametrize("other", [1, -1, None], ids=["one-more", "one-less", "no-usage"])
