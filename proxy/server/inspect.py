@@ -111,7 +111,7 @@ async def inspect(request: web.Request, policy: Policy, metrics: Metrics, proble
     if not request.body_exists:
         return Inspected(endpoint, None)
     # A body of known, bounded length is read whole even for a path islwatch only relays, so that a request
-    # lost on a stale pooled connection can be sent again (upstream.retryable needs bytes).
+    # lost on a stale pooled connection can be sent again (pooled.retryable needs bytes).
     if (arrived := body_if_arrived(request, policy.max_body_bytes)) is not None:
         body, complete = arrived, True
     else:
