@@ -149,10 +149,7 @@ class Metrics:
             problems(o.bad_reason, "%s body is not a request of its endpoint (%s)", endpoint, o.detail or "-")
             return None
         plan = self.plan(o)
-        for update, value in plan.updates:
-            update(value)
-        self._usage(model, endpoint, (o.server, o.output_tokens, o.cached_tokens, o.reasoning_tokens))
-        _problem_lines(o, problems)
+        self._apply(o, plan, (o.server, o.output_tokens, o.cached_tokens, o.reasoning_tokens), problems)
         return plan
 
     def reapplied(self, o: AnalysisOutcome, plan: Plan, usage: Usage | None, problems: ProblemLog) -> Plan:
@@ -161,14 +158,21 @@ class Metrics:
         if plan.server_parity is not self.server_parity.get(o.model_label):  # the cause label changed
             plan = self.plan(o)
         self.analysis_reused.inc()
-        for update, value in plan.updates:
-            update(value)
         values = (o.server, None, None, None) if usage is None else (
             o.server, usage.output_tokens, usage.cached_tokens, usage.reasoning_tokens
         )  # fmt: skip
-        self._usage(o.model_label, o.endpoint, values)
-        _problem_lines(o, problems)
+        self._apply(o, plan, values, problems)
         return plan
+
+    def _apply(
+        self, o: AnalysisOutcome, plan: Plan, usage: tuple[int | None, ...], problems: ProblemLog
+    ) -> None:
+        """The plan's series, the answer's usage (prompt, output, cached, reasoning tokens), the outcome's
+        log lines: what `analysed` and `reapplied` both do."""
+        for update, value in plan.updates:
+            update(value)
+        self._usage(o.model_label, o.endpoint, usage)
+        _problem_lines(o, problems)
 
     def plan(self, o: AnalysisOutcome) -> Plan:
         """The updates a clean outcome makes to the series it alone decides (all but the answer's usage):
