@@ -112,13 +112,11 @@ async def inspect(request: web.Request, policy: Policy, metrics: Metrics, proble
         return Inspected(endpoint, None)
     # A body of known, bounded length is read whole even for a path islwatch only relays, so that a request
     # lost on a stale pooled connection can be sent again (pooled.retryable needs bytes).
-    if (arrived := body_if_arrived(request, policy.max_body_bytes)) is not None:
-        body, complete = arrived, True
-    else:
+    body, complete = body_if_arrived(request, policy.max_body_bytes), True
+    if body is None:
         chunks = body_chunks(request, policy.body_timeout, metrics, problems)
-        if endpoint is None:
-            if request.content_length is not None and request.content_length <= policy.max_body_bytes:
-                return Inspected(endpoint, (await read_limited(chunks, policy.max_body_bytes))[0])
+        bounded = request.content_length is not None and request.content_length <= policy.max_body_bytes
+        if endpoint is None and not bounded:
             return Inspected(endpoint, chunks)  # any other body streams through
         body, complete = await read_limited(chunks, policy.max_body_bytes)
     if endpoint is None:
