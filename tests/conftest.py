@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -26,6 +26,14 @@ FAMILIES = [
     "deepseek-v3",
 ]
 SKIP_SHARED = f"shared tokenizers not present at {SHARED_TOKENIZERS} (see ../shared/README.md)"
+
+
+def unavailable(reason: str) -> NoReturn:
+    """A server or venv a test needs is missing: a skip with the reason here, a failure under CI (env `CI`
+    set), where every server must be installed and run."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set: a missing server fails, never skips)", pytrace=False)
+    pytest.skip(reason)
 
 
 def shared_dir(family: str) -> Path:

@@ -31,11 +31,11 @@ ROOT_CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 
 
 @pytest.fixture(scope="session")
-def llama_server_binary() -> str:
+def llama_server_binary(request: pytest.FixtureRequest) -> str:
     try:
         return find_binary()
     except BinaryUnavailable as exc:
-        pytest.skip(str(exc))
+        _root_conftest(request).unavailable(str(exc))  # a skip, a failure under CI
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
 """Session fixtures: one SGLang oracle per family (SGLang's own chat preprocessing in a long-lived
 subprocess, tests/sglang_server/sglang_proc.py), all starting at once, stopped by pid at the end.
 
-Skips (with the reason) only when SGLang cannot be installed here, or the shared tokenizers are absent. An
-oracle that fails to start is a failure, not a skip.
+Skips (with the reason; under CI, fails) only when SGLang cannot be installed here, or the shared
+tokenizers are absent. An oracle that fails to start is a failure, not a skip.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from sglang_proc import FAMILIES, Oracle, SglangUnavailable, find_python, launch
 from vllm_server.vllm_proc import tiny_model
 
 from proxy.core.fast import best_encoder
-from tests.conftest import SHARED_TOKENIZERS, load_shared
+from tests.conftest import SHARED_TOKENIZERS, load_shared, unavailable
 from tests.lifetimes import release_after_directory
 
 
@@ -26,7 +26,7 @@ def sglang_python() -> str:
     try:
         return find_python()
     except SglangUnavailable as exc:
-        pytest.skip(str(exc))
+        unavailable(str(exc))
 
 
 @pytest.fixture(scope="session")

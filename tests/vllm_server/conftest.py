@@ -1,8 +1,8 @@
 """Session fixtures: real vLLM servers (CPU build) around tiny random-weight models, started once, in
 parallel, and stopped by pid at the end; one islwatch proxy in front of each.
 
-Skips (with the reason) only when vLLM cannot be installed here, or the shared tokenizers are absent. A
-server that fails to start is a failure, not a skip.
+Skips (with the reason; under CI, fails) only when vLLM cannot be installed here, or the shared
+tokenizers are absent. A server that fails to start is a failure, not a skip.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from vllm_proc import (
     wait_healthy,
 )
 
-from tests.conftest import SHARED_TOKENIZERS, load_shared
+from tests.conftest import SHARED_TOKENIZERS, load_shared, unavailable
 from tests.lifetimes import release_after_directory
 from tests.server.helpers import Background, proxy_config
 
@@ -40,7 +40,7 @@ def vllm_python() -> str:
     try:
         return find_python()
     except VllmUnavailable as exc:
-        pytest.skip(str(exc))
+        unavailable(str(exc))
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ import pytest
 from proxy.core.images import ImageModel
 from proxy.core.tokenizer import load_tokenizer
 from proxy.core.vision import load_image_model
-from tests.conftest import REPO, SHARED_TOKENIZERS
+from tests.conftest import REPO, SHARED_TOKENIZERS, unavailable
 from tests.server.helpers import Background, proxy_config
 from tests.vllm_server.vllm_proc import (
     VllmServer,
@@ -90,7 +90,7 @@ def vision_python() -> tuple[str, str]:
         python = find_python()
         return python, vision_path(python)
     except VllmUnavailable as exc:
-        pytest.skip(str(exc))
+        unavailable(str(exc))
 
 
 @pytest.fixture(scope="session")
