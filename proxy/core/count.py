@@ -19,6 +19,7 @@ from .endpoints import Endpoint
 from .extract import ChatInput, PromptInput, chat_input, prompt_input, responses_input
 from .images import ImageModel, count_images
 from .messages import InvalidBody
+from .server_settings import DEFAULT_SETTINGS, ServerSettings
 
 # method: how expected_server was obtained
 CHAT_TEMPLATE = "chat_template"
@@ -176,17 +177,24 @@ def count_prompts(enc: Encoder, inp: PromptInput, endpoint: str) -> CountResult:
     )
 
 
-def parse(endpoint: str, body: Any, parts_format: bool, developer_role: bool) -> ChatInput | PromptInput:
+def parse(
+    endpoint: str,
+    body: Any,
+    parts_format: bool,
+    developer_role: bool,
+    settings: ServerSettings = DEFAULT_SETTINGS,
+) -> ChatInput | PromptInput:
+    defaults = settings.default_chat_template_kwargs
     if endpoint == Endpoint.CHAT:
-        return chat_input(body, parts_format, developer_role)
+        return chat_input(body, parts_format, developer_role, defaults)
     if endpoint == Endpoint.RESPONSES:
-        return responses_input(body, parts_format, developer_role)
+        return responses_input(body, parts_format, developer_role, defaults)
     if endpoint == Endpoint.COMPLETIONS:
         return prompt_input(body, "prompt")
     if endpoint == Endpoint.EMBEDDINGS:
         if isinstance(body, dict) and isinstance(body.get("messages"), list):
             # vLLM's chat-style embeddings (EmbeddingChatRequest) default add_generation_prompt to False.
-            chat = chat_input(body, parts_format, developer_role)
+            chat = chat_input(body, parts_format, developer_role, defaults)
             return replace(chat, add_generation_prompt=bool(body.get("add_generation_prompt", False)))
         return prompt_input(body, "input")
     raise InvalidBody(f"unknown endpoint {endpoint!r}")
@@ -205,10 +213,10 @@ def uncounted(endpoint: str, reason: str, detail: str) -> CountResult:
     )
 
 
-def count(enc: Encoder, endpoint: str, body: Any) -> CountResult:
+def count(enc: Encoder, endpoint: str, body: Any, settings: ServerSettings = DEFAULT_SETTINGS) -> CountResult:
     """Count one parsed request body. Raises only on an islwatch bug (module docstring)."""
     try:
-        inp = parse(endpoint, body, enc.parts_format, enc.developer_role)
+        inp = parse(endpoint, body, enc.parts_format, enc.developer_role, settings)
     except InvalidBody as exc:
         return uncounted(endpoint, INVALID_BODY, str(exc))
     if isinstance(inp, ChatInput):

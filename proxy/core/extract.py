@@ -5,7 +5,8 @@ Messages and tools are prepared as vLLM prepares them (messages.py). The request
 `ChatParams.with_defaults` (`vllm/renderers/params.py` `merge_kwargs`): `add_generation_prompt`,
 `continue_final_message`, `documents` and `reasoning_effort` given on the request win over the same keys in
 `chat_template_kwargs` (a None request value does not); a non-null `tools` in `chat_template_kwargs` wins
-over the request's tools.
+over the request's tools; the server's `--default-chat-template-kwargs` lie under all of it, and a request
+value of None or "auto" leaves the default in place.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .images import image_sources
-from .messages import InvalidBody, developer_as_system, prepare_message, vllm_tool
+from .messages import REFUSES, InvalidBody, developer_as_system, prepare_message, vllm_tool
 
 
 @dataclass(frozen=True)
@@ -40,43 +41,67 @@ class PromptInput:
     add_special_tokens: bool = True
 
 
-def chat_input(body: Any, parts_format: bool = False, developer_role: bool = True) -> ChatInput:
+def chat_input(
+    body: Any, parts_format: bool = False, developer_role: bool = True, defaults: dict[str, Any] | None = None
+) -> ChatInput:
     """`/v1/chat/completions` body -> what the chat template renders. `parts_format` and `developer_role`
-    are facts of the template (core/tokens.py `parts_format`, `developer_role`)."""
+    are facts of the template (core/tokens.py `parts_format`, `developer_role`); `defaults` the server's
+    `--default-chat-template-kwargs`."""
     if not isinstance(body, dict):
         raise InvalidBody("body is not a JSON object")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidBody("messages is not a non-empty list")
-    return _chat_from_messages(body, messages, parts_format, developer_role)
+    return _chat_from_messages(body, messages, parts_format, developer_role, defaults)
 
 
 # Keys the renderer passes by name: a `chat_template_kwargs` entry of the same name is merged, not repeated.
 _NAMED = ("add_generation_prompt", "continue_final_message", "documents", "tools")
+# ChatCompletionRequest.reasoning_effort's Literal (chat_completion/protocol.py): anything else is a 400.
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 
-def _template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+def _template_kwargs(body: dict[str, Any], defaults: dict[str, Any] | None) -> dict[str, Any]:
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise InvalidBody("chat_template_kwargs is not an object")
-    merged = dict(kwargs)
+    # OnlineRenderer.validate_chat_template (no --trust-request-chat-template) and hf.py
+    # resolve_chat_template_kwargs (`tokenize` is islwatch's and vLLM's to set, never the request's).
+    if body.get("chat_template") is not None or kwargs.get("chat_template") is not None:
+        raise InvalidBody(REFUSES + "a chat template in the request is refused (untrusted)")
+    if "tokenize" in kwargs or "chat_template" in kwargs:
+        raise InvalidBody(REFUSES + "unexpected chat_template_kwargs")
     effort = body.get("reasoning_effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise InvalidBody(REFUSES + "reasoning_effort is not one of " + "/".join(REASONING_EFFORTS))
+    merged = dict(kwargs)
     if effort is not None:
         merged["reasoning_effort"] = effort
         if "enable_thinking" not in kwargs:  # build_chat_params: reasoning asked for turns thinking on
             merged["enable_thinking"] = effort != "none"
-    return merged
+    # ChatParams.with_defaults: merge_kwargs(server defaults, the request's), a None or "auto" request
+    # value unset. It always runs in preprocess_chat (its defaults carry `tokenize`), so this does too.
+    return (defaults or {}) | {k: v for k, v in merged.items() if not _unset(v)}
+
+
+def _unset(value: Any) -> bool:
+    """merge_kwargs(unset_values=(None, "auto")): a request value that leaves the server's default."""
+    return value is None or (isinstance(value, str) and value == "auto")
 
 
 def _chat_from_messages(
-    body: dict[str, Any], messages: list[Any], parts_format: bool, developer_role: bool
+    body: dict[str, Any],
+    messages: list[Any],
+    parts_format: bool,
+    developer_role: bool,
+    defaults: dict[str, Any] | None = None,
 ) -> ChatInput:
     texts: list[str] = []
     media: dict[str, int] = {}
     prepared = [prepare_message(m, parts_format, developer_role, texts, media) for m in messages]
     if not developer_role and any(m["role"] == "developer" for m in prepared):
         prepared = developer_as_system(prepared)
-    kwargs = _template_kwargs(body)
+    kwargs = _template_kwargs(body, defaults)
     # Request tools pass vLLM's request model (dumped as vllm_tool); tools in chat_template_kwargs reach
     # the template as sent.
     raw_tools = kwargs.get("tools")
@@ -127,7 +152,9 @@ def _responses_items(items: list[Any]) -> list[dict[str, Any]]:
     return messages
 
 
-def responses_input(body: Any, parts_format: bool = False, developer_role: bool = True) -> ChatInput:
+def responses_input(
+    body: Any, parts_format: bool = False, developer_role: bool = True, defaults: dict[str, Any] | None = None
+) -> ChatInput:
     """`/v1/responses`: `instructions` become a system message before `input` (a string or items)."""
     if not isinstance(body, dict):
         raise InvalidBody("body is not a JSON object")
@@ -149,7 +176,7 @@ def responses_input(body: Any, parts_format: bool = False, developer_role: bool 
     # (vllm/renderers/params.py): the rendered prompt is encoded with special tokens, so a template that
     # writes BOS itself (Llama-3) gets a second one. Measured on vLLM 0.32: +1 token on every request.
     body = {**body, "add_special_tokens": True}
-    return _chat_from_messages(body, messages, parts_format, developer_role)
+    return _chat_from_messages(body, messages, parts_format, developer_role, defaults)
 
 
 def _flat_tool_to_chat(tool: dict[str, Any]) -> dict[str, Any]:

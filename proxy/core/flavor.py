@@ -21,6 +21,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from .count import CountResult, Encoder, count
+from .server_settings import DEFAULT_SETTINGS, ServerSettings
 from .sglang import count_sglang
 
 _UNICODE_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD"}
@@ -154,11 +155,18 @@ def reported_prompt_tokens(
     return None
 
 
-def count_as(flavor: str, enc: Encoder, endpoint: str, body: Any, streamed: bool) -> CountResult:
+def count_as(
+    flavor: str,
+    enc: Encoder,
+    endpoint: str,
+    body: Any,
+    streamed: bool,
+    settings: ServerSettings = DEFAULT_SETTINGS,
+) -> CountResult:
     """What the flavor's server counts for this request: its preparation of the body, then the one
     counting path, then how it reports the usage of several prompts. Never raises."""
     if flavor == "sglang":  # its own chat preparation (core/sglang.py); other endpoints as vLLM's
         return count_sglang(enc, endpoint, body)
-    result = count(enc, endpoint, prepare_body(flavor, endpoint, body))
+    result = count(enc, endpoint, prepare_body(flavor, endpoint, body), settings)
     reported = reported_prompt_tokens(flavor, endpoint, result.prompts, streamed)
     return result if reported is None else replace(result, expected_server=reported)

@@ -8,6 +8,12 @@ Each rule follows vLLM's own code (`vllm/renderers/chat_utils.py` `_parse_chat_m
 - tool messages whose parts are all text get them joined with "\\n" in either format;
 - `name` is kept; `tool_calls` on assistant messages (an empty list is dropped), with `arguments` strings
   parsed into dicts, invalid JSON or a non-object coerced to `{}` (vLLM keeps the turn going);
+- an assistant message's reasoning reaches the template as both `reasoning` and `reasoning_content`, with or
+  without tool calls: the request model renames `reasoning_content` to `reasoning` unless that is set
+  (`chat_completion/protocol.py` `_normalize_messages_before`), and `_parse_chat_message_content` hands both
+  over ("interleaved thinking"); a string `task` is kept (DeepSeek V4's marker);
+- a system text part that starts with Claude Code's `x-anthropic-billing-header` line loses that line
+  (`_strip_claude_code_billing_header`): its value changes per request;
 - `developer` messages become `system` messages, all merged into one at the front, when the template
   never mentions the developer role (`_convert_developer_to_system`, `_consolidate_system_messages`);
 - tools are rendered as vLLM's `ChatCompletionToolsParam.model_dump()`: `description` and `parameters`
@@ -37,6 +43,11 @@ TEXT_KINDS = {"text", "input_text", "output_text", "refusal"}
 
 class InvalidBody(ValueError):
     """The body is not a request of the endpoint (a reason, never raised out of the counting core)."""
+
+
+# The start of an InvalidBody reason where vLLM's own request path answers 400 (a rule islwatch follows, not a
+# body islwatch cannot read): `islwatch count` reports it as server_would_refuse.
+REFUSES = "vllm answers 400: "
 
 
 def _part_kind(part: Any) -> str:
@@ -71,6 +82,32 @@ def _content_parts(content: Any) -> list[Any]:
     raise InvalidBody("content is neither a string, a list of parts nor null")
 
 
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def _without_billing_header(parts: list[Any]) -> list[Any]:
+    """vLLM `_strip_claude_code_billing_header`: a system text part starting with the header loses its first
+    line, and is dropped when nothing follows it."""
+    out = []
+    for part in parts:
+        text = part if isinstance(part, str) else part.get("text") if isinstance(part, dict) else None
+        if isinstance(part, dict) and part.get("type") != "text":
+            text = None
+        if not (isinstance(text, str) and text.startswith(BILLING_HEADER)):
+            out.append(part)
+            continue
+        rest = text.partition("\n")[2]
+        if rest:
+            out.append(rest if isinstance(part, str) else {**part, "text": rest})
+    return out
+
+
+def reasoning_of(msg: dict[str, Any]) -> Any:
+    """The message's reasoning after vLLM's request model: `reasoning`, else the older `reasoning_content`."""
+    reasoning = msg.get("reasoning")
+    return msg.get("reasoning_content") if reasoning is None else reasoning
+
+
 def prepare_message(
     msg: Any, parts_format: bool, developer_role: bool, texts: list[str], media: dict[str, int]
 ) -> dict[str, Any]:
@@ -80,7 +117,11 @@ def prepare_message(
     role = msg["role"]
     out_parts: list[dict[str, Any]] = []
     part_texts: list[str] = []
-    for part in _content_parts(msg.get("content")):
+    parts = _content_parts(msg.get("content"))
+    if role == "system":
+        texts.extend(_part_text(p) for p in parts if _part_kind(p) == "text")  # the client sent them all
+        parts = _without_billing_header(parts)
+    for part in parts:
         kind = _part_kind(part)
         if kind == "text":
             part_texts.append(_part_text(part))
@@ -88,7 +129,8 @@ def prepare_message(
         else:
             media[kind] = media.get(kind, 0) + 1
             out_parts.append({"type": kind})
-    texts.extend(part_texts)
+    if role != "system":
+        texts.extend(part_texts)
     all_text = len(out_parts) == len(part_texts)
     as_parts = parts_format and not (role == "tool" and all_text)  # text-only tool results: always joined
     out: dict[str, Any] = {"role": role, "content": out_parts if as_parts else "\n".join(part_texts)}
@@ -96,10 +138,18 @@ def prepare_message(
         calls = prepare_tool_calls(msg["tool_calls"])
         if calls:
             out["tool_calls"] = calls
+    reasoning = reasoning_of(msg)
+    if role == "assistant" and reasoning is not None:
+        if not isinstance(reasoning, str):
+            raise InvalidBody("reasoning is not a string")  # the request model's `str | None`
+        out["reasoning"] = out["reasoning_content"] = reasoning
+        texts.append(reasoning)
     if role == "tool" and "tool_call_id" in msg:
         out["tool_call_id"] = msg["tool_call_id"]
     if isinstance(msg.get("name"), str):
         out["name"] = msg["name"]
+    if isinstance(msg.get("task"), str):
+        out["task"] = msg["task"]
     if role == "developer" and developer_role:
         out["tools"] = msg.get("tools")
     return out

@@ -1,0 +1,22 @@
+"""What a server was started with that changes its prompt counts: the flags islwatch must be told about.
+
+Plain values (they cross to the analysis workers as JSON). Each field names the server flag it mirrors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    # vLLM's `--default-chat-template-kwargs` (SGLang: `--chat-template-kwargs`): merged under each request's
+    # own `chat_template_kwargs` (`vllm/renderers/params.py` `ChatParams.with_defaults`).
+    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # The date vLLM writes into a gpt-oss (Harmony) system message, YYYY-MM-DD: `VLLM_SYSTEM_START_DATE`, else
+    # the server's clock (`harmony_utils.get_system_message`). None: today's UTC date, read per request.
+    harmony_start_date: str | None = None
+
+
+DEFAULT_SETTINGS = ServerSettings()
