@@ -1,10 +1,12 @@
 """`islwatch count`: the ISL of one request body, as one JSON object on stdout.
 
-When the chat template raises on the request (`fallback_reason` `template_error`), the server would refuse
-it (the server answers 400) and count nothing: the output then has `"server_would_refuse": true` and
-`"expected_server": null` (`bare` stays, for what it is worth), a note goes to stderr, and the exit code is
-still 0: the body was counted as far as it can be. Otherwise `"server_would_refuse": false`. Exit 2 only
-for unreadable input, a body that is not a request of the endpoint, or a tokenizer that does not load.
+When the server would refuse the request (it answers 400 and counts nothing): its chat template raises
+(`fallback_reason` `template_error`), or its own request path refuses the body (`server_would_refuse`: an
+unknown `reasoning_effort`, an untrusted chat template, SGLang's request models...), the output has
+`"server_would_refuse": true` and `"expected_server": null` (`bare` stays, for what it is worth), a note
+goes to stderr, and the exit code is still 0: the body was counted as far as it can be. Otherwise
+`"server_would_refuse": false`. Exit 2 only for unreadable input, a body that is not a request of the
+endpoint, or a tokenizer that does not load.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from proxy.core.specs import FLAVORS
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.epilog = (
-        "A request whose chat template raises is reported with server_would_refuse true and expected_server "
-        "null (the server answers 400); the exit code is still 0."
+        "A request the server would refuse (its chat template raises, its request path answers 400) is "
+        "reported with server_would_refuse true and expected_server null; the exit code is still 0."
     )
     add_tokenizer_arguments(p)
     p.add_argument("--endpoint", choices=[e.value for e in Endpoint], default=Endpoint.CHAT.value)
@@ -36,7 +38,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import orjson
 
-    from proxy.core.count import INVALID_BODY, TEMPLATE_ERROR
+    from proxy.core.count import INVALID_BODY, SERVER_REFUSES, TEMPLATE_ERROR
     from proxy.core.fast import best_encoder
     from proxy.core.flavor import count_as, flavored_tokenizer
     from proxy.core.tokenizer import TokenizerLoadError, load_tokenizer
@@ -65,13 +67,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"islwatch count: not a {args.endpoint} request: {result.detail}", file=sys.stderr)
         return 2
     out = result.as_dict()
-    refused = result.fallback_reason == TEMPLATE_ERROR
-    if refused:  # the server renders the same template: it answers 400 and counts nothing
+    refused = result.fallback_reason in (TEMPLATE_ERROR, SERVER_REFUSES)
+    if refused:  # the server renders the same template, or refuses the body first: a 400, nothing counted
         out["expected_server"] = None
+        why = (
+            f"the chat template raises ({result.detail})"
+            if result.detail and result.fallback_reason == TEMPLATE_ERROR
+            else result.detail
+        )
         print(
-            f"islwatch count: the chat template raises ({result.detail}): the server would refuse this "
-            "request (it answers 400)",
-            file=sys.stderr,
+            f"islwatch count: {why}: the server would refuse this request (it answers 400)", file=sys.stderr
         )
     out["server_would_refuse"] = refused
     out["template_sha256"] = loaded.identity.template_sha256

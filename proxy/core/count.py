@@ -18,7 +18,7 @@ from .encoders import ReferenceEncoder
 from .endpoints import Endpoint
 from .extract import ChatInput, PromptInput, chat_input, prompt_input, responses_input
 from .images import ImageModel, count_images
-from .messages import InvalidBody
+from .messages import InvalidBody, ServerRefuses
 from .server_settings import DEFAULT_SETTINGS, ServerSettings
 
 # method: how expected_server was obtained
@@ -32,6 +32,7 @@ NONE = "none"
 NO_TEMPLATE = "no_template"
 TEMPLATE_ERROR = "template_error"
 INVALID_BODY = "invalid_body"
+SERVER_REFUSES = "server_would_refuse"  # the server's request path answers 400 (messages.ServerRefuses)
 
 # proxy/, as imported (tracebacks name files by the path they were imported from): islwatch's own code.
 _PACKAGE = str(Path(__file__).parents[1])
@@ -200,6 +201,11 @@ def parse(
     raise InvalidBody(f"unknown endpoint {endpoint!r}")
 
 
+def not_counted(endpoint: str, exc: InvalidBody) -> CountResult:
+    """A body the server refuses (`SERVER_REFUSES`) or that is not a request of the endpoint at all."""
+    return uncounted(endpoint, SERVER_REFUSES if isinstance(exc, ServerRefuses) else INVALID_BODY, str(exc))
+
+
 def uncounted(endpoint: str, reason: str, detail: str) -> CountResult:
     """A request that could not be counted at all (not a request of its endpoint)."""
     return CountResult(
@@ -218,7 +224,7 @@ def count(enc: Encoder, endpoint: str, body: Any, settings: ServerSettings = DEF
     try:
         inp = parse(endpoint, body, enc.parts_format, enc.developer_role, settings)
     except InvalidBody as exc:
-        return uncounted(endpoint, INVALID_BODY, str(exc))
+        return not_counted(endpoint, exc)
     if isinstance(inp, ChatInput):
         return count_chat(enc, inp, str(endpoint))
     return count_prompts(enc, inp, str(endpoint))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .images import image_sources
-from .messages import REFUSES, InvalidBody, developer_as_system, prepare_message, vllm_tool
+from .messages import REFUSES, InvalidBody, ServerRefuses, developer_as_system, prepare_message, vllm_tool
 
 
 @dataclass(frozen=True)
@@ -68,12 +68,12 @@ def _template_kwargs(body: dict[str, Any], defaults: dict[str, Any] | None) -> d
     # OnlineRenderer.validate_chat_template (no --trust-request-chat-template) and hf.py
     # resolve_chat_template_kwargs (`tokenize` is islwatch's and vLLM's to set, never the request's).
     if body.get("chat_template") is not None or kwargs.get("chat_template") is not None:
-        raise InvalidBody(REFUSES + "a chat template in the request is refused (untrusted)")
+        raise ServerRefuses(REFUSES + "a chat template in the request is refused (untrusted)")
     if "tokenize" in kwargs or "chat_template" in kwargs:
-        raise InvalidBody(REFUSES + "unexpected chat_template_kwargs")
+        raise ServerRefuses(REFUSES + "unexpected chat_template_kwargs")
     effort = body.get("reasoning_effort")
     if effort is not None and effort not in REASONING_EFFORTS:
-        raise InvalidBody(REFUSES + "reasoning_effort is not one of " + "/".join(REASONING_EFFORTS))
+        raise ServerRefuses(REFUSES + "reasoning_effort is not one of " + "/".join(REASONING_EFFORTS))
     merged = dict(kwargs)
     if effort is not None:
         merged["reasoning_effort"] = effort

@@ -45,8 +45,12 @@ class InvalidBody(ValueError):
     """The body is not a request of the endpoint (a reason, never raised out of the counting core)."""
 
 
-# The start of an InvalidBody reason where vLLM's own request path answers 400 (a rule islwatch follows, not a
-# body islwatch cannot read): `islwatch count` reports it as server_would_refuse.
+class ServerRefuses(InvalidBody):
+    """A request of the endpoint that the server's own request path answers with a 400 (a rule islwatch
+    follows, not a body it cannot read): counted as `server_would_refuse`. The reason starts with the
+    server's name (`REFUSES`) and quotes nothing of the request."""
+
+
 REFUSES = "vllm answers 400: "
 
 

@@ -33,7 +33,7 @@ import jinja2.sandbox
 from jinja2 import nodes
 
 from . import sglang_request as req
-from .count import INVALID_BODY, CountResult, Encoder, count, count_chat, count_prompts, uncounted
+from .count import CountResult, Encoder, count, count_chat, count_prompts, not_counted
 from .endpoints import Endpoint
 from .extract import ChatInput, PromptInput
 from .messages import InvalidBody
@@ -268,7 +268,7 @@ def count_sglang(enc: Encoder, endpoint: str, body: Any) -> CountResult:
         ids = _input_ids(body)
         chat, prefix = chat_request(body, enc.template or "")
     except InvalidBody as exc:
-        return uncounted(endpoint, INVALID_BODY, str(exc))
+        return not_counted(endpoint, exc)
     if ids is not None:
         return replace(count_prompts(enc, PromptInput([ids]), str(endpoint)), messages=len(chat.messages))
     result = count_chat(enc, chat, str(endpoint))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .messages import InvalidBody
+from .messages import ServerRefuses
 
 REFUSES = "sglang answers 400: "
 # _GenericMessageRole, matched case-insensitively (`_normalize_role`); "user" is the user message model.
@@ -21,8 +21,8 @@ _LAX_TRUE = {"true", "1", "yes", "y", "on", "t"}
 _LAX_FALSE = {"false", "0", "no", "n", "off", "f"}
 
 
-def refuse(why: str) -> InvalidBody:
-    return InvalidBody(REFUSES + why)
+def refuse(why: str) -> ServerRefuses:
+    return ServerRefuses(REFUSES + why)
 
 
 def lax_bool(value: Any, name: str) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.count import INVALID_BODY, NO_TEMPLATE, CountResult, Encoder
+from proxy.core.count import INVALID_BODY, NO_TEMPLATE, SERVER_REFUSES, CountResult, Encoder
 from proxy.core.diagnose import DriftProfile, build_profile, classify
 from proxy.core.fast import best_encoder
 from proxy.core.flavor import count_as, flavored_tokenizer
@@ -162,6 +162,8 @@ class Analyzer:
         result = count_as(self.spec.server_flavor, entry.encoder, job.endpoint, body, job.streamed)
         if result.fallback_reason == INVALID_BODY:
             return {"bad_reason": "not_a_request", "detail": result.detail}
+        if result.fallback_reason == SERVER_REFUSES:  # the server answers 400: nothing to compare
+            return {"bad_reason": "server_refuses", "detail": result.detail}
         stage.name = "usage"
         usage = job.usage()
         server = job.server_count(usage)

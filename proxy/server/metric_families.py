@@ -30,6 +30,7 @@ ENGINE_SCRAPE_RESULTS = ("ok", "error", "no_counters")
 BAD_REQUEST_REASONS = (
     "invalid_json",
     "not_a_request",
+    "server_refuses",  # a request the server's own request path answers 400 (core.messages.ServerRefuses)
     "body_too_large",
     "non_utf8",
     "wrong_content_type",

@@ -146,7 +146,12 @@ class Metrics:
             return None
         if o.bad_reason:
             self.bad_request(o.bad_reason)
-            problems(o.bad_reason, "%s body is not a request of its endpoint (%s)", endpoint, o.detail or "-")
+            what = (
+                "the server would refuse"
+                if o.bad_reason == "server_refuses"
+                else "not a request of its endpoint"
+            )
+            problems(o.bad_reason, "%s body: %s (%s)", endpoint, what, o.detail or "-")
             return None
         plan = self.plan(o)
         self._apply(o, plan, (o.server, o.output_tokens, o.cached_tokens, o.reasoning_tokens), problems)

@@ -73,3 +73,24 @@ def test_no_template_is_counted_bare_not_refused(tmp_path_factory: pytest.TempPa
 def test_completions_are_never_refused(inst: str) -> None:
     out = json.loads(count(inst, {"prompt": "Hello there"}, "--endpoint", "completions").stdout)
     assert out["server_would_refuse"] is False and out["expected_server"] is not None
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+        ({"chat_template": "{{ messages }}"}, "chat template"),
+        ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
+    ],
+)
+def test_a_body_vllm_refuses_is_reported_as_refused(inst: str, extra: dict[str, object], why: str) -> None:
+    """vLLM's request path answers 400 before any template runs (the request model's reasoning_effort
+    Literal, an untrusted request template, kwargs only vLLM may set): refused, counted as far as it goes."""
+    proc = count(inst, {**USER, **extra})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["server_would_refuse"] is True and out["expected_server"] is None
+    assert out["fallback_reason"] == "server_would_refuse"
+    assert b"vllm answers 400" in proc.stderr and why.encode() in proc.stderr
+    accepted = json.loads(count(inst, {**USER, "reasoning_effort": "high"}).stdout)
+    assert accepted["server_would_refuse"] is False and accepted["expected_server"] is not None

@@ -16,7 +16,7 @@ from sglang_proc import Oracle
 from sglang_shapes import REFUSED_BY_SGLANG, SHAPES
 from vllm_server.vllm_shapes import Shape
 
-from proxy.core.count import INVALID_BODY, CountResult
+from proxy.core.count import SERVER_REFUSES, CountResult
 from proxy.core.flavor import count_as
 from tests.conftest import REPO, SHARED_TOKENIZERS
 
@@ -33,7 +33,7 @@ def test_count_equals_sglang_input_ids(oracle: Oracle, encoder: Any, shape: Shap
     result: CountResult = count_as("sglang", encoder, "chat", shape.body, False)
     if shape.name in REFUSED_BY_SGLANG:
         assert answer["status"] in (400, 500), answer
-        assert result.fallback_reason == INVALID_BODY and result.expected_server is None, result
+        assert result.fallback_reason == SERVER_REFUSES and result.expected_server is None, result
         assert result.detail is not None and result.detail.startswith("sglang answers 400: ")
     else:
         assert answer["status"] == 200, answer
@@ -71,7 +71,9 @@ def test_count_command_with_sglang_flavor(oracle: Oracle, shape: Shape) -> None:
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["expected_server"] == len(answer["input_ids"])
     else:  # SGLang refuses it: islwatch says so, and counts nothing
-        assert proc.returncode == 2 and not proc.stdout
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        assert out["server_would_refuse"] is True and out["expected_server"] is None
         assert "sglang answers 400" in proc.stderr
 
 
