@@ -17,8 +17,9 @@ Responses API, with helpers in `vllm/entrypoints/openai/parser/harmony_utils.py`
 - tool results are named after the call whose id they answer, anywhere in the conversation, else
   `functions.` (hu:210-227, 397-410);
 - prior tool calls keep the legacy header `assistant to=functions.f<|channel|>commentary json` (hu:461-525).
-Pure but for loading the encoding (core/harmony_vocab.py). Where vLLM answers 400, `InvalidBody` starts with
-`messages.REFUSES` and gives a reason that quotes nothing of the body.
+Pure but for loading the encoding (core/harmony_vocab.py). Where vLLM answers 400 it raises
+`messages.ServerRefuses` (reason `REFUSES` + words that quote nothing of the body); where vLLM fails with
+500 (its code calls `.get` on a string part, Harmony cannot render), `InvalidBody("vllm answers 500: ...")`.
 """
 
 from __future__ import annotations

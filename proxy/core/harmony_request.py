@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .messages import REFUSES, InvalidBody
+from .messages import REFUSES, InvalidBody, ServerRefuses
 
 FAILS = "vllm answers 500: "  # an exception vLLM's handlers do not map to 400 (AttributeError, HarmonyError)
 
@@ -45,8 +45,8 @@ UNTYPED_PARTS = ("image_url", "audio_url", "video_url", "image_pil")
 GPT_OSS_VOCAB_SIZE = 201088
 
 
-def refuse(why: str) -> InvalidBody:
-    return InvalidBody(REFUSES + why)
+def refuse(why: str) -> ServerRefuses:
+    return ServerRefuses(REFUSES + why)
 
 
 def fails(why: str) -> InvalidBody:
