@@ -1,0 +1,67 @@
+"""islwatch's count against vLLM 0.32's own request preprocessing (the oracle: vLLM's request models, its
+renderer for the folder, the OnlineRenderer and the render server's request path; tests/vllm_oracle), every
+shape of oracle_shapes.py on every family: where vLLM answers, islwatch's count is the length of vLLM's
+prompt token ids; where vLLM refuses the request, islwatch says so.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+from oracle_proc import Oracle
+from oracle_shapes import SHAPES
+from vllm_server.vllm_shapes import Shape
+
+from proxy.core.count import INVALID_BODY, TEMPLATE_ERROR, CountResult
+from proxy.core.fast import best_encoder
+from proxy.core.flavor import count_as
+from proxy.core.messages import REFUSES
+from proxy.core.specs import TESTED_VERSIONS
+from proxy.core.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.vllm
+
+
+@cache
+def _encoder(folder: str) -> Any:
+    return best_encoder(load_tokenizer(folder).tokenizer)
+
+
+def islwatch_count(folder: Path, endpoint: str, body: dict[str, Any]) -> CountResult:
+    """islwatch's public counting API on the folder vLLM serves (the one line to change when it moves)."""
+    return count_as("vllm", _encoder(str(folder)), endpoint, body, False)
+
+
+def request_body(oracle: Oracle, shape: Shape) -> dict[str, Any]:
+    """The shape as a client sends it: the served model's name, a small output limit."""
+    limit = {"max_output_tokens": 16} if shape.endpoint == "responses" else {"max_tokens": 1}
+    return {**shape.body, "model": str(oracle.model_dir), **limit}
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
+def test_count_equals_vllm_prompt(oracle: Oracle, shape: Shape) -> None:
+    body = request_body(oracle, shape)
+    answer = oracle.answer(shape.endpoint, body)
+    result = islwatch_count(oracle.model_dir, shape.endpoint, body)
+    if answer["status"] == 200:
+        vllm = sum(len(ids) for ids in answer["prompts"])
+        assert result.fallback_reason is None, (
+            f"vLLM counts {vllm}; islwatch: {result.fallback_reason} ({result.detail})"
+        )
+        assert result.expected_server == vllm, f"islwatch {result.expected_server}, vLLM {vllm}"
+    else:
+        says_refused = result.fallback_reason == TEMPLATE_ERROR or (
+            result.fallback_reason == INVALID_BODY and (result.detail or "").startswith(REFUSES)
+        )
+        assert says_refused, (
+            f"vLLM answers {answer['status']} ({answer['error'][:160]}); islwatch counts "
+            f"{result.expected_server} ({result.fallback_reason}: {result.detail})"
+        )
+
+
+def test_the_oracle_is_the_tested_version(oracles: dict[str, Oracle]) -> None:
+    """The vllm flavor is pinned to the version these oracles run (README, "Tested against vLLM")."""
+    assert {o.version for o in oracles.values()} == {TESTED_VERSIONS["vllm"]}
