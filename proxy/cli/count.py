@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from proxy.cli.args import add_tokenizer_arguments
+from proxy.cli.args import add_server_settings, add_tokenizer_arguments, server_settings
 from proxy.core.endpoints import Endpoint
 from proxy.core.specs import FLAVORS
 
@@ -32,6 +32,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         default="vllm",
         help="whose request preparation to predict (default vllm; sglang, llama.cpp)",
     )
+    add_server_settings(p.add_argument)
     p.add_argument("file", nargs="?", default="-", help="request body JSON file, or - for stdin")
 
 
@@ -39,10 +40,9 @@ def run(args: argparse.Namespace) -> int:
     import orjson
 
     from proxy.core.count import INVALID_BODY, SERVER_REFUSES, TEMPLATE_ERROR
-    from proxy.core.fast import best_encoder
-    from proxy.core.flavor import count_as, flavored_tokenizer
-    from proxy.core.tokenizer import TokenizerLoadError, load_tokenizer
-    from proxy.core.vision import image_model_for
+    from proxy.core.mistral import MistralLoadError
+    from proxy.core.model import load_served_model
+    from proxy.core.tokenizer import TokenizerLoadError
 
     try:
         raw = sys.stdin.buffer.read() if args.file == "-" else open(args.file, "rb").read()  # noqa: SIM115
@@ -55,14 +55,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"islwatch count: invalid JSON: {exc}", file=sys.stderr)
         return 2
     try:
-        loaded = load_tokenizer(args.tokenizer, args.revision, args.chat_template, args.trust_remote_code)
-    except TokenizerLoadError as exc:
+        settings = server_settings(args)
+        model = load_served_model(
+            args.tokenizer,
+            args.server_flavor,
+            settings,
+            revision=args.revision,
+            chat_template_file=args.chat_template,
+            trust_remote_code=args.trust_remote_code,
+        )
+    except (TokenizerLoadError, MistralLoadError, ValueError) as exc:
         print(f"islwatch count: {exc}", file=sys.stderr)
         return 2
-    tok = flavored_tokenizer(loaded.tokenizer, args.server_flavor)
-    encoder = best_encoder(tok, images=image_model_for(args.server_flavor, tok))
     streamed = isinstance(body, dict) and body.get("stream") is True
-    result = count_as(args.server_flavor, encoder, args.endpoint, body, streamed)
+    result = model.count(args.endpoint, body, streamed)
     if result.fallback_reason == INVALID_BODY:
         print(f"islwatch count: not a {args.endpoint} request: {result.detail}", file=sys.stderr)
         return 2
@@ -79,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             f"islwatch count: {why}: the server would refuse this request (it answers 400)", file=sys.stderr
         )
     out["server_would_refuse"] = refused
-    out["template_sha256"] = loaded.identity.template_sha256
-    out["tokenizer"] = loaded.identity.as_dict()
+    out["template_sha256"] = model.identity.template_sha256
+    out["tokenizer"] = model.describe()
     sys.stdout.buffer.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
     return 0

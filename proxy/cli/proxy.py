@@ -10,6 +10,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
+from proxy.cli.args import add_server_settings
 from proxy.core.specs import FLAVORS
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--upstream-metrics-interval-seconds", type=float, help="seconds between engine scrapes (default 15)")
     a("--server-flavor", choices=list(FLAVORS),
       help="whose request preparation to predict: vllm (default; also SGLang, TGI) or llama.cpp")  # fmt: skip
+    add_server_settings(a)
 
 
 def config_from_args(args: argparse.Namespace) -> ProxyConfig:
@@ -82,6 +84,7 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
             "dump_max", "upstream_timeout_seconds", "server_flavor", "upstream_health_path", "server_probe",
             "server_probe_interval_seconds", "upstream_metrics_url", "upstream_metrics_interval_seconds",
             "header_timeout_seconds", "body_timeout_seconds", "idle_timeout_seconds", "max_connections",
+            "default_chat_template_kwargs", "harmony_start_date", "tokenizer_mode",
         )
     }  # fmt: skip
     if getattr(args, "model_tokenizer", None):

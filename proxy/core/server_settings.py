@@ -17,6 +17,10 @@ class ServerSettings:
     # The date vLLM writes into a gpt-oss (Harmony) system message, YYYY-MM-DD: `VLLM_SYSTEM_START_DATE`, else
     # the server's clock (`harmony_utils.get_system_message`). None: today's UTC date, read per request.
     harmony_start_date: str | None = None
+    # vLLM's `--tokenizer-mode`: "auto" serves a folder with consolidated weights and a tekken.json or
+    # tokenizer.model.v* through mistral-common (`vllm/tokenizers/registry.py`); "mistral" always does;
+    # "hf" never does.
+    tokenizer_mode: str = "auto"
 
 
 DEFAULT_SETTINGS = ServerSettings()

@@ -66,6 +66,10 @@ class TokenizerIdentity:
     files: dict[str, str]
     transformers_version: str
     tokenizers_version: str
+    # How the server builds the prompt (core/model.py): "jinja", "harmony" or "mistral"; and for jinja the
+    # file the chat template came from (core/templates.py), which a processor's template may replace.
+    renderer: str = "jinja"
+    template_source: str | None = None
 
     @property
     def tokenizer_sha256(self) -> str:
@@ -85,6 +89,8 @@ class TokenizerIdentity:
             "files": dict(self.files),
             "transformers_version": self.transformers_version,
             "tokenizers_version": self.tokenizers_version,
+            "renderer": self.renderer,
+            "template_source": self.template_source,
         }
 
 
@@ -238,3 +244,19 @@ def load_tokenizer(
         tokenizers_version=tokenizers.__version__,
     )
     return LoadedTokenizer(tokenizer=tok, identity=identity)
+
+
+def load_mistral_identity(folder: Path, file: Path) -> TokenizerIdentity:
+    """The identity of a model served through mistral-common: its tokenizer file hashed, no template (the
+    request format is mistral-common's own, pinned by its version)."""
+    import mistral_common
+
+    return TokenizerIdentity(
+        name=str(folder),
+        revision=None,
+        tokenizer_class=f"MistralTokenizer (mistral-common {mistral_common.__version__})",
+        template_sha256=None,
+        files={file.name: hashlib.sha256(file.read_bytes()).hexdigest()},
+        transformers_version=transformers.__version__,
+        tokenizers_version=tokenizers.__version__,
+    )

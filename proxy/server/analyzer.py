@@ -16,13 +16,13 @@ from typing import Any
 
 import orjson
 
-from proxy.core.count import INVALID_BODY, NO_TEMPLATE, SERVER_REFUSES, CountResult, Encoder
-from proxy.core.diagnose import DriftProfile, build_profile, classify
-from proxy.core.fast import best_encoder
-from proxy.core.flavor import count_as, flavored_tokenizer
+from proxy.core.count import INVALID_BODY, NO_TEMPLATE, SERVER_REFUSES, CountResult
+from proxy.core.diagnose import DriftProfile, classify
 from proxy.core.images import COUNTED, UNMODELED, ImageModel
+from proxy.core.mistral import MistralLoadError
+from proxy.core.model import ServedModel, load_served_model, profile_of
 from proxy.core.probe_set import our_ids, probes
-from proxy.core.tokenizer import LoadedTokenizer, TokenizerLoadError, load_tokenizer
+from proxy.core.tokenizer import TokenizerLoadError
 from proxy.core.vision import image_model_for
 from proxy.parity.gate import startup_self_check
 from proxy.server.dump import MismatchDumper
@@ -53,9 +53,7 @@ class _Stage:
 
 @dataclass(frozen=True)
 class _Entry:
-    loaded: LoadedTokenizer
-    counting_tok: Any  # the tokenizer as the flavor's server runs it
-    encoder: Encoder  # exact by construction: each shortcut is proven on this tokenizer at load
+    model: ServedModel  # the tokenizer, templates and renderer as the flavor's server runs them
     profile: DriftProfile
 
 
@@ -94,17 +92,18 @@ class Analyzer:
         state = cls(spec)
         for key, tok_spec in spec.tokenizers:
             try:
-                loaded = load_tokenizer(tok_spec, None, spec.chat_template, spec.trust_remote_code)
-            except TokenizerLoadError as exc:
+                model = load_served_model(
+                    tok_spec,
+                    spec.server_flavor,
+                    spec.settings(),
+                    chat_template_file=spec.chat_template,
+                    trust_remote_code=spec.trust_remote_code,
+                    images=state._images,
+                )
+            except (TokenizerLoadError, MistralLoadError) as exc:
                 state.errors[key] = str(exc)
                 continue
-            counting_tok = flavored_tokenizer(loaded.tokenizer, spec.server_flavor)
-            state.entries[key] = _Entry(
-                loaded,
-                counting_tok,
-                best_encoder(counting_tok, images=state._images(counting_tok)),
-                build_profile(counting_tok),
-            )
+            state.entries[key] = _Entry(model, profile_of(model))
         return state
 
     def _images(self, tok: Any) -> ImageModel | None:
@@ -120,18 +119,21 @@ class Analyzer:
             if key in self.errors:
                 reports.append(TokenizerReport(key, _label(key), None, None, "", error=self.errors[key]))
                 continue
-            entry = self.entries[key]
-            check = startup_self_check(entry.loaded.tokenizer)
-            probe_set = probes(entry.counting_tok)
+            model = self.entries[key].model
+            if model.tokenizer is None:  # mistral-common alone: no transformers paths to compare, no probe
+                reports.append(TokenizerReport(key, _label(key), model.describe(), None, "not checked"))
+                continue
+            check = startup_self_check(model.tokenizer)
+            probe_set = probes(model.tokenizer)
             reports.append(
                 TokenizerReport(
                     key,
                     _label(key),
-                    entry.loaded.identity.as_dict(),
+                    model.describe(),
                     check.ok,
                     check.summary,
                     probes=[[p.name, p.text] for p in probe_set],
-                    probe_ids=our_ids(entry.counting_tok, probe_set),
+                    probe_ids=our_ids(model.tokenizer, probe_set),
                 )
             )
         return reports
@@ -159,7 +161,7 @@ class Analyzer:
         if entry is None:
             return {"error": "tokenizer not loaded"}
         body = job.parsed if job.parsed is not None else orjson.loads(job.body)
-        result = count_as(self.spec.server_flavor, entry.encoder, job.endpoint, body, job.streamed)
+        result = entry.model.count(job.endpoint, body, job.streamed)
         if result.fallback_reason == INVALID_BODY:
             return {"bad_reason": "not_a_request", "detail": result.detail}
         if result.fallback_reason == SERVER_REFUSES:  # the server answers 400: nothing to compare
@@ -201,6 +203,6 @@ class Analyzer:
             "server_prompt_tokens": server,
             "cause": cause,
             "count": result.as_dict(),
-            "tokenizer": entry.loaded.identity.as_dict(),
+            "tokenizer": entry.model.describe(),
             "request": body,
         }

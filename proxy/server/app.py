@@ -50,6 +50,9 @@ def analysis_spec(config: ProxyConfig) -> AnalysisSpec:
         server_flavor=config.server_flavor,
         mm_processor_kwargs=config.mm_processor_kwargs,
         trust_request_mm_kwargs=config.trust_request_mm_kwargs,
+        default_chat_template_kwargs=dict(config.default_chat_template_kwargs),
+        harmony_start_date=config.harmony_start_date,
+        tokenizer_mode=config.tokenizer_mode,
         nice=config.analysis_nice,
     )
 

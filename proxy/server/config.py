@@ -88,6 +88,15 @@ class ProxyConfig(BaseModel):
     # --trust-request-mm-kwargs: both change how many tokens an image costs (proxy/core/images.py).
     mm_processor_kwargs: dict[str, Any] | None = None
     trust_request_mm_kwargs: bool = False
+    # The server's --default-chat-template-kwargs (a JSON object), merged under every request's own
+    # chat_template_kwargs (e.g. {"enable_thinking": false} on a Qwen3 server): proxy/core/server_settings.py.
+    default_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # The date a vLLM server writes into gpt-oss (Harmony) system messages: its VLLM_SYSTEM_START_DATE, else
+    # (unset) today's UTC date, the server's clock in a container without TZ.
+    harmony_start_date: str | None = Field(default=None, pattern=r"^\d{4}-\d{2}-\d{2}$")
+    # The server's --tokenizer-mode: auto serves a Mistral folder (consolidated weights and tekken.json or
+    # tokenizer.model.v*) through mistral-common; mistral always, hf never (proxy/core/model.py).
+    tokenizer_mode: Literal["auto", "hf", "mistral"] = "auto"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
 
     @field_validator("upstream")
@@ -107,15 +116,17 @@ class ProxyConfig(BaseModel):
             raise ValueError(f"upstream_metrics_url must be an http(s) URL, got {value!r}")
         return value or None
 
-    @field_validator("mm_processor_kwargs", mode="before")
+    @field_validator("mm_processor_kwargs", "default_chat_template_kwargs", mode="before")
     @classmethod
-    def _json_object(cls, value: Any) -> Any:
+    def _json_object(cls, value: Any, info: Any) -> Any:
         """A JSON string (the environment, a flag) as vLLM's flag takes it; "" unsets it."""
         if isinstance(value, str):
             try:
                 value = json.loads(value) if value.strip() else None
             except ValueError as exc:
-                raise ValueError(f"mm_processor_kwargs must be a JSON object: {exc}") from exc
+                raise ValueError(f"{info.field_name} must be a JSON object: {exc}") from exc
+        if value is None and info.field_name == "default_chat_template_kwargs":
+            return {}
         return value
 
     @field_validator("upstream_health_path")
@@ -159,7 +170,13 @@ class ProxyConfig(BaseModel):
 
 FIELDS = tuple(ProxyConfig.model_fields)
 # Optional keys an empty environment variable leaves unset.
-_EMPTY_IS_UNSET = ("dump_mismatches", "chat_template", "upstream_health_path", "upstream_metrics_url")
+_EMPTY_IS_UNSET = (
+    "dump_mismatches",
+    "chat_template",
+    "upstream_health_path",
+    "upstream_metrics_url",
+    "harmony_start_date",
+)
 
 
 def parse_model_tokenizers(items: list[str] | str) -> dict[str, str]:

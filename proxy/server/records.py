@@ -4,11 +4,12 @@ form is in frames.py), and the one policy both sides share: which label and toke
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
 
+from proxy.core.server_settings import ServerSettings
 from proxy.core.usage import Usage, usage_from_json_bytes
 
 # Model label values besides configured model names (bounded cardinality).
@@ -48,10 +49,18 @@ class AnalysisSpec:
     server_flavor: str = "vllm"
     mm_processor_kwargs: dict[str, Any] | None = None  # the server's --mm-processor-kwargs (image counts)
     trust_request_mm_kwargs: bool = False  # the server runs with --trust-request-mm-kwargs
+    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # ServerSettings
+    harmony_start_date: str | None = None  # ServerSettings
+    tokenizer_mode: str = "auto"  # ServerSettings
     nice: int = 0  # added to a worker process's niceness once loaded: analysis yields a busy CPU to the relay
 
     def to_json(self) -> str:
         return orjson.dumps(asdict(self)).decode()
+
+    def settings(self) -> ServerSettings:
+        return ServerSettings(
+            dict(self.default_chat_template_kwargs), self.harmony_start_date, self.tokenizer_mode
+        )
 
     @classmethod
     def from_json(cls, text: str) -> AnalysisSpec:
