@@ -9,15 +9,15 @@ Skips (with the reason) only when vLLM cannot be installed here (a failure under
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from oracle_proc import FAMILIES, Oracle, OracleProcess, launch, model_folder, stop, tiktoken_vocab
+from oracle_proc import FAMILIES, Oracle, OracleProcess, launch, model_folder, stop
 from vllm_server.vllm_proc import VllmUnavailable, find_python
 
+from proxy.core.harmony_vocab import vocab_dir
 from tests.conftest import SHARED_TOKENIZERS, unavailable
 from tests.lifetimes import release_after_directory
 
@@ -36,14 +36,10 @@ def oracle_python() -> str:
         unavailable(str(exc))
 
 
-def harmony_vocab(cache: Path) -> dict[str, str]:
-    """openai-harmony's vocabulary for gpt-oss, offline: $TIKTOKEN_ENCODINGS_BASE for the oracles, and for
-    this process (islwatch's Harmony renderer reads it the same way)."""
-    tokenizer_json = SHARED_TOKENIZERS / HARMONY_FAMILY / "tokenizer.json"
-    digest = hashlib.sha256(tokenizer_json.read_bytes()).hexdigest()[:12]
-    base = tiktoken_vocab(tokenizer_json, cache / f"tiktoken-{digest}").parent
-    os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", str(base))
-    return {"TIKTOKEN_ENCODINGS_BASE": os.environ["TIKTOKEN_ENCODINGS_BASE"]}
+def harmony_vocab() -> dict[str, str]:
+    """openai-harmony's vocabulary for gpt-oss, offline: the oracles' $TIKTOKEN_ENCODINGS_BASE is the folder
+    islwatch derives it into (core/harmony_vocab.py)."""
+    return {"TIKTOKEN_ENCODINGS_BASE": str(vocab_dir(SHARED_TOKENIZERS / HARMONY_FAMILY))}
 
 
 @pytest.fixture(scope="session")
@@ -53,7 +49,7 @@ def oracles(oracle_python: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     if missing:
         pytest.skip(f"shared tokenizers not present in {SHARED_TOKENIZERS}: {missing}")
     cache = Path(oracle_python).parents[1] / "oracle-models"  # next to the venv, like its tiny models
-    env = harmony_vocab(cache)
+    env = harmony_vocab()
     logs = tmp_path_factory.mktemp("vllm-oracle")
     folders = {family: model_folder(cache, family, SHARED_TOKENIZERS) for family in FAMILIES}
     count = max(1, min(PROCESSES, len(folders)))

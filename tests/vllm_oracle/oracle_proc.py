@@ -4,7 +4,9 @@ vLLM venv's python from scripts/install_vllm.sh), and the model folders they rea
 Families share processes: each process pays vLLM's imports once (~25 s of CPU, ~600 MB) and then ~30 s and
 ~200 MB per folder (measured: all 14 families in one process, 3.5 GB; one process each, ~1.2 GB apiece,
 17 GB). The conftest starts a few at once (ISLWATCH_VLLM_ORACLES, default 2: one per core here); each
-family keeps its own folder, flags and server state in the process.
+family keeps its own folder, flags and server state in the process. Sharing changes no answer: checked once,
+qwen3, gpt-oss and Mistral Nemo alone and in one process with Gemma 3 answered all 90 shapes with the same
+ids and errors (270 of 270).
 
 No engine runs, so no weights are needed: a family's folder is a config.json with the family's real
 `model_type` and architecture (what picks vLLM's renderer and transformers' tokenizer class) beside the
@@ -17,7 +19,6 @@ keyed by their content.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import json
@@ -33,8 +34,9 @@ from vllm_server.vllm_proc import log_tail
 from vllm_server.vllm_proc import stop as stop_group
 
 ORACLE = Path(__file__).with_name("vllm_oracle.py")
-# Guards against a hung child, not timing assertions.
-READY_DEADLINE_SECONDS = 600.0
+# Guards against a hung child, not timing assertions: imports, then each folder (~30 s on an idle core).
+READY_DEADLINE_SECONDS = 300.0
+READY_DEADLINE_PER_FOLDER_SECONDS = 120.0
 ANSWER_DEADLINE_SECONDS = 120.0
 CONTEXT = 131072  # every folder's max_position_embeddings: long agent loops fit, as on the real models
 TOOLS = ["--enable-auto-tool-choice", "--tool-call-parser"]
@@ -160,42 +162,6 @@ def model_folder(cache: Path, family: str, shared: Path) -> Path:
     return out
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-to-character table, the alphabet of a byte-level BPE vocabulary."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, [chr(c) for c in cs], strict=True))
-
-
-def tiktoken_vocab(tokenizer_json: Path, out_dir: Path) -> Path:
-    """openai-harmony's `o200k_base.tiktoken`, derived from gpt-oss's tokenizer.json: each base token (the
-    added special tokens left out) as `base64(bytes) rank`, one a line. Equals the official file (sha256
-    446a9538cb6c...); openai-harmony reads it from $TIKTOKEN_ENCODINGS_BASE instead of downloading it.
-    Until islwatch's own helper (proxy/core/harmony.py) exists."""
-    path = out_dir / "o200k_base.tiktoken"
-    if path.is_file():
-        return path
-    to_byte = {c: b for b, c in _bytes_to_unicode().items()}
-    spec = json.loads(tokenizer_json.read_bytes())
-    added = {t["id"] for t in spec["added_tokens"]}
-    lines = [
-        base64.b64encode(bytes(to_byte[c] for c in token)).decode() + f" {rank}"
-        for token, rank in sorted(spec["model"]["vocab"].items(), key=lambda kv: kv[1])
-        if rank not in added
-    ]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
 def _read_line(stream: BinaryIO, proc: subprocess.Popen[bytes], deadline: float, log: Path) -> dict[str, Any]:
     with selectors.DefaultSelector() as sel:
         sel.register(stream, selectors.EVENT_READ)
@@ -222,8 +188,8 @@ class OracleProcess:
 
     def wait_ready(self) -> None:
         assert self.proc.stdout is not None
-        deadline = time.monotonic() + READY_DEADLINE_SECONDS
-        ready = _read_line(self.proc.stdout, self.proc, deadline, self.log_path)
+        budget = READY_DEADLINE_SECONDS + READY_DEADLINE_PER_FOLDER_SECONDS * len(self.folders)
+        ready = _read_line(self.proc.stdout, self.proc, self.started + budget, self.log_path)
         if ready.get("ready") is not True:
             raise OracleFailed(f"unexpected first line from the vLLM oracle: {ready}")
         self.version = str(ready["version"])

@@ -15,14 +15,14 @@ from oracle_proc import Oracle
 from oracle_shapes import SHAPES
 from vllm_server.vllm_shapes import Shape
 
-from proxy.core.count import INVALID_BODY, TEMPLATE_ERROR, CountResult
+from proxy.core.count import INVALID_BODY, SERVER_REFUSES, TEMPLATE_ERROR, CountResult
 from proxy.core.fast import best_encoder
 from proxy.core.flavor import count_as
-from proxy.core.messages import REFUSES
 from proxy.core.specs import TESTED_VERSIONS
 from proxy.core.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.vllm
+REFUSALS_5XX = (TEMPLATE_ERROR, SERVER_REFUSES, INVALID_BODY)
 
 
 @cache
@@ -52,11 +52,9 @@ def test_count_equals_vllm_prompt(oracle: Oracle, shape: Shape) -> None:
             f"vLLM counts {vllm}; islwatch: {result.fallback_reason} ({result.detail})"
         )
         assert result.expected_server == vllm, f"islwatch {result.expected_server}, vLLM {vllm}"
-    else:
-        says_refused = result.fallback_reason == TEMPLATE_ERROR or (
-            result.fallback_reason == INVALID_BODY and (result.detail or "").startswith(REFUSES)
-        )
-        assert says_refused, (
+    else:  # a 400 is what `islwatch count` calls server_would_refuse; vLLM's 500s are counted as invalid
+        refusals = (TEMPLATE_ERROR, SERVER_REFUSES) if answer["status"] < 500 else REFUSALS_5XX
+        assert result.fallback_reason in refusals, (
             f"vLLM answers {answer['status']} ({answer['error'][:160]}); islwatch counts "
             f"{result.expected_server} ({result.fallback_reason}: {result.detail})"
         )
