@@ -28,6 +28,11 @@ FAMILIES = (
     "tinyllama-1.1b-chat-v1.0",
     "smollm2-135m-instruct",
     "deepseek-v3",
+    "qwen3",
+    "llama-3.1",
+    "gemma-3",
+    "gpt-oss",
+    "deepseek-r1",
 )
 PUNCT = (".", ",", "?", "!", ";", ":")
 

@@ -14,13 +14,17 @@ round, so reuse only comes from earlier requests of the same run. Every fast res
 reference result. The rows also give the last request's tokens and milliseconds (for 40-turn: the whole
 112k-token history, the issue's "~22 ms per request, 0.04x a raw encode").
 
+"agent-20" is an agent loop: a system prompt, tools, a user task, then 20 rounds of an assistant turn with
+reasoning and one or two tool calls followed by their results; every round is a request carrying the whole
+history and ending on a tool result (~300 tokens added per round), the traffic reasoning models serve.
+
 The long shape runs `--long-rounds` rounds (default 1: its 40 requests already take ~a minute per family,
 most of it in raw and ref encodes of ~100k tokens) and times `ref` on every `--long-ref-every`-th request and
 the last one (default 1: all of them); fast is compared with ref on exactly those. `--quick` keeps the long
 shape at 8 turns (~22k tokens).
 
 Usage: python -m bench.analysis_cost [--families a,b] [--rounds 3] [--requests 40] [--long-turns 40]
-       [--long-rounds 1] [--long-ref-every 1] [--quick]
+       [--long-rounds 1] [--long-ref-every 1] [--agent-rounds 20] [--quick]
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench._common import FAMILIES, SHARED_TOKENIZERS, machine, median, words_for_tokens, write_result
+from bench._common import FAMILIES, SHARED_TOKENIZERS, machine, median, prose, words_for_tokens, write_result
 from bench._common import conversation as make_conversation
 from proxy.core.count import count, count_request
 from proxy.core.fast import FastEncoder
@@ -51,9 +55,65 @@ class Timings:
     cpu: dict[int, float] = field(default_factory=dict)  # process CPU seconds (all threads)
 
 
+AGENT_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{name.replace('_', ' ').capitalize()} in the project's files.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "query": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    }
+    for name in ("read_file", "search_code", "run_tests")
+]
+
+
+def agent_loop(rng: random.Random, rounds: int) -> list[list[dict[str, Any]]]:
+    """Each round's whole history: system, user task, then rounds of (assistant reasoning + tool calls,
+    tool results), each request ending on a tool result."""
+
+    def text(n: int) -> str:
+        return prose(rng, n)
+
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent. Use the tools."},
+        {"role": "user", "content": text(60)},
+    ]
+    out = []
+    for r in range(rounds):
+        calls = [
+            {
+                "id": f"call_{r}_{k}",
+                "type": "function",
+                "function": {
+                    "name": rng.choice(AGENT_TOOLS)["function"]["name"],
+                    "arguments": f'{{"path": "src/m{r}.py"}}',
+                },
+            }
+            for k in range(1 + r % 2)
+        ]
+        messages.append(
+            {"role": "assistant", "content": "", "reasoning_content": text(40), "tool_calls": calls}
+        )
+        messages.extend({"role": "tool", "tool_call_id": c["id"], "content": text(100)} for c in calls)
+        out.append(list(messages))
+    return out
+
+
 def requests_for(tok: Any, shape: str, n_requests: int, seed: int) -> list[dict[str, Any]]:
-    """Request bodies; for "N-turn" shapes, every turn of each N-turn conversation (n_requests rounded up)."""
+    """Request bodies; for "N-turn" shapes, every turn of each N-turn conversation (n_requests rounded up);
+    for "agent-N", every round of agent loops of N rounds."""
     rng = random.Random(seed)
+    if shape.startswith("agent-"):
+        bodies: list[dict[str, Any]] = []
+        while len(bodies) < n_requests:
+            loop = agent_loop(rng, int(shape.split("-")[1]))
+            bodies.extend({"messages": m, "tools": AGENT_TOOLS} for m in loop)
+        return bodies
     if shape == "1-turn":
         words = words_for_tokens(tok, 1000, 1)
         return [{"messages": make_conversation(rng, 1, words)} for _ in range(n_requests)]
@@ -81,7 +141,10 @@ def run_shape(
 ) -> dict[str, Any]:
     bodies = requests_for(tok, shape, n_requests, seed=7)
     rendered = [
-        tok.apply_chat_template(b["messages"], tokenize=False, add_generation_prompt=True) for b in bodies
+        tok.apply_chat_template(
+            b["messages"], tools=b.get("tools"), tokenize=False, add_generation_prompt=True
+        )
+        for b in bodies
     ]
     backend = tok.backend_tokenizer
     tokens = [len(backend.encode(r, add_special_tokens=False).ids) for r in rendered]
@@ -135,6 +198,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--long-turns", type=int, default=LONG_TURNS, help="user turns of the long shape")
     p.add_argument("--long-rounds", type=int, default=1, help="rounds of the long shape")
+    p.add_argument("--agent-rounds", type=int, default=20, help="tool-call rounds of the agent shape")
     p.add_argument("--long-ref-every", type=int, default=1, help="long shape: time ref on every k-th request")
     p.add_argument(
         "--quick", action="store_true", help=f"1 round, 10 requests, {QUICK_LONG_TURNS}-turn long shape"
@@ -148,7 +212,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def print_row(fam: str, shape: str, r: dict[str, Any], reuse: bool) -> None:
     ms, rw, rc, lm = r["ms_median"], r["ratio_median"], r["ratio_cpu"], r["last_ms"]
     print(
-        f"{fam:26} {shape:7} {r['tokens_max']:6d} {ms['raw']:7.3f} {ms['ref']:7.3f} {ms['fast']:7.3f} "
+        f"{fam:26} {shape:8} {r['tokens_max']:6d} {ms['raw']:7.3f} {ms['ref']:7.3f} {ms['fast']:7.3f} "
         f"{rw['ref']:6.2f}x {rw['fast']:7.2f}x {rc['fast']:11.2f}x {lm['fast']:8.2f} {lm['raw']:8.2f}  {reuse}"
         + (f"  MISMATCHES={r['mismatches']}" if r["mismatches"] else "")
         + (f"  (ref on {r['ref_requests']} of {r['requests']})" if r["ref_requests"] < r["requests"] else "")
@@ -160,10 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     families = [f for f in args.families.split(",") if f]
     out: dict[str, Any] = {"machine": machine(), "target_ratio": TARGET_RATIO, "families": {}}
     long_shape = f"{args.long_turns}-turn"
+    agent_shape = f"agent-{args.agent_rounds}"
     shapes = [("1-turn", args.rounds, args.requests, 1), ("10-turn", args.rounds, args.requests, 1),
+              (agent_shape, args.rounds, args.agent_rounds, 1),
               (long_shape, args.long_rounds, args.long_turns, args.long_ref_every)]  # fmt: skip
     print(
-        f"{'family':26} {'shape':7} {'tok':>6} {'raw ms':>7} {'ref ms':>7} {'fast ms':>7} "
+        f"{'family':26} {'shape':8} {'tok':>6} {'raw ms':>7} {'ref ms':>7} {'fast ms':>7} "
         f"{'ref/raw':>7} {'fast/raw':>8} {'fast cpu/raw':>12} {'last ms: fast':>13} {'raw':>8}  reuse"
     )
     print("(x/raw: median over requests of the per-request wall ratio; cpu: summed process CPU, all threads;")

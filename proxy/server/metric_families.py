@@ -202,7 +202,19 @@ def _identity(r: CollectorRegistry) -> dict[str, Any]:
         tokenizer_info=Gauge(
             "islwatch_tokenizer_info",
             "Loaded tokenizer identity (value 1)",
-            ["model", "tokenizer", "revision", "template_sha256", "tokenizer_sha256", "transformers_version"],
+            # tokenizer_class and transformers_version: the same folder loads as another class under another
+            # transformers release (the server's pin may differ from islwatch's); renderer: jinja, harmony
+            # (gpt-oss on vLLM) or mistral (mistral-common), proxy/core/model.py.
+            [
+                "model",
+                "tokenizer",
+                "revision",
+                "template_sha256",
+                "tokenizer_sha256",
+                "transformers_version",
+                "tokenizer_class",
+                "renderer",
+            ],  # fmt: skip
             registry=r,
         ),
         tokenizer_changes=Counter(

@@ -260,6 +260,8 @@ class Metrics:
             str(ident["template_sha256"] or ""),
             str(ident["tokenizer_sha256"]),
             str(ident["transformers_version"]),
+            str(ident.get("tokenizer_class") or ""),
+            str(ident.get("renderer") or ""),
         )
         old = self._info_labels.get(key)
         if old is not None and old != labels:

@@ -56,6 +56,7 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "islwatch_bad_requests_total": frozenset({"reason"}),
     "islwatch_tokenizer_info": frozenset(
         {"model", "tokenizer", "revision", "template_sha256", "tokenizer_sha256", "transformers_version"}
+        | {"tokenizer_class", "renderer"}
     ),
     "islwatch_tokenizer_changes_total": frozenset({"model"}),
     "islwatch_parity_ok": frozenset({"model"}),
