@@ -15,7 +15,7 @@ reference result. The rows also give the last request's tokens and milliseconds 
 112k-token history, the issue's "~22 ms per request, 0.04x a raw encode").
 
 "agent-20" is an agent loop: a system prompt, tools, a user task, then 20 rounds of an assistant turn with
-reasoning and one or two tool calls followed by their results; every round is a request carrying the whole
+reasoning and a tool call followed by its result; every round is a request carrying the whole
 history and ending on a tool result (~300 tokens added per round), the traffic reasoning models serve.
 
 The long shape runs `--long-rounds` rounds (default 1: its 40 requests already take ~a minute per family,
@@ -94,7 +94,7 @@ def agent_loop(rng: random.Random, rounds: int) -> list[list[dict[str, Any]]]:
                     "arguments": f'{{"path": "src/m{r}.py"}}',
                 },
             }
-            for k in range(1 + r % 2)
+            for k in range(1)  # one call a turn: Llama-3.1's template refuses parallel calls
         ]
         messages.append(
             {"role": "assistant", "content": "", "reasoning_content": text(40), "tool_calls": calls}
