@@ -97,3 +97,24 @@ def test_cli_exits_2_with_a_clear_message() -> None:
     )
     assert out.returncode == 2
     assert "upstream: required" in out.stderr and "listen must be HOST:PORT" in out.stderr
+
+
+def test_server_settings_from_yaml_env_and_flags(tmp_path) -> None:
+    """The server's own start-up settings reach the analysis spec the workers load from (JSON), as vLLM's
+    flags take them: a JSON object for --default-chat-template-kwargs, a date, a tokenizer mode."""
+    from proxy.server.app import analysis_spec
+    from proxy.server.records import AnalysisSpec
+
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("upstream: http://u:1\ndefault_chat_template_kwargs:\n  enable_thinking: false\n")
+    env = {"ISLWATCH_HARMONY_START_DATE": "2026-01-31", "ISLWATCH_TOKENIZER_MODE": "mistral"}
+    cfg = load_config({}, str(cfg_file), env)
+    settings = AnalysisSpec.from_json(analysis_spec(cfg).to_json()).settings()
+    assert settings.default_chat_template_kwargs == {"enable_thinking": False}
+    assert settings.harmony_start_date == "2026-01-31" and settings.tokenizer_mode == "mistral"
+    flagged = load_config({"upstream": "http://u:1", "default_chat_template_kwargs": '{"a": 1}'}, None, {})
+    assert flagged.default_chat_template_kwargs == {"a": 1}
+    for bad in ({"default_chat_template_kwargs": "[1]"}, {"harmony_start_date": "today"}):
+        with pytest.raises(ConfigError) as info:
+            load_config({"upstream": "http://u:1", **bad}, None, {})
+        assert next(iter(bad)) in str(info.value)
