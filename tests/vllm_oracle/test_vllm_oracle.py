@@ -6,6 +6,7 @@ prompt token ids; where vLLM refuses the request, islwatch says so.
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -16,23 +17,24 @@ from oracle_shapes import SHAPES
 from vllm_server.vllm_shapes import Shape
 
 from proxy.core.count import INVALID_BODY, SERVER_REFUSES, TEMPLATE_ERROR, CountResult
-from proxy.core.fast import best_encoder
-from proxy.core.flavor import count_as
+from proxy.core.model import ServedModel, load_served_model
+from proxy.core.server_settings import ServerSettings
 from proxy.core.specs import TESTED_VERSIONS
-from proxy.core.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.vllm
 REFUSALS_5XX = (TEMPLATE_ERROR, SERVER_REFUSES, INVALID_BODY)
+START_DATE = os.environ.get("VLLM_SYSTEM_START_DATE")
 
 
 @cache
-def _encoder(folder: str) -> Any:
-    return best_encoder(load_tokenizer(folder).tokenizer)
+def _served(folder: str) -> ServedModel:
+    # The oracles' environment passes VLLM_SYSTEM_START_DATE through (oracle_proc.launch): the same date here.
+    return load_served_model(folder, "vllm", ServerSettings(harmony_start_date=START_DATE))
 
 
 def islwatch_count(folder: Path, endpoint: str, body: dict[str, Any]) -> CountResult:
     """islwatch's public counting API on the folder vLLM serves (the one line to change when it moves)."""
-    return count_as("vllm", _encoder(str(folder)), endpoint, body, False)
+    return _served(str(folder)).count(endpoint, body, False)
 
 
 def request_body(oracle: Oracle, shape: Shape) -> dict[str, Any]:
