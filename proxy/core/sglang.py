@@ -16,7 +16,16 @@ departs from vLLM:
   every `chat_template_kwargs` key is passed to the template call, so one that repeats its own arguments is
   refused;
 - tool-call arguments must be a JSON object (refused otherwise; vLLM substitutes `{}`), and may be an object;
-- roles outside its list, a null user content, media on a text-only model are refused.
+- roles outside its list, a null user content, media on a text-only model are refused;
+- a chat template that raises answers 400 when the error is jinja2's, a TypeError or a ValueError (else 500),
+  after a second try with each tool flattened to its function (`_apply_jinja_template`);
+- reasoning in history reaches the template only as `reasoning_content` (vLLM's `reasoning` is not a field),
+  and only under that name: SGLang pins transformers 5.19.0, which does not copy it to `thinking` as later
+  releases do, so gpt-oss's template (which reads `thinking`) renders no analysis for it;
+- gpt-oss is rendered with its Jinja template, not Harmony (SGLang's Harmony path is /v1/responses alone);
+  there a `reasoning_effort` of "none" in `chat_template_kwargs` is refused (`_convert_to_internal_request`);
+- the server's `--default-chat-template-kwargs` fill the keys a request leaves out, after the request's own
+  `reasoning_effort` was taken out of its kwargs, so a default effort wins over the request's.
 Completions, embeddings and responses go the vLLM way (core/extract.py): not tested against SGLang.
 """
 
@@ -33,16 +42,28 @@ import jinja2.sandbox
 from jinja2 import nodes
 
 from . import sglang_request as req
-from .count import CountResult, Encoder, count, count_chat, count_prompts, not_counted
+from .count import TEMPLATE_ERROR, CountResult, Encoder, count, count_chat, count_prompts, not_counted
 from .endpoints import Endpoint
 from .extract import ChatInput, PromptInput
 from .messages import InvalidBody
+from .server_settings import DEFAULT_SETTINGS, ServerSettings
 
 # Arguments `_render_and_encode_chat_template` passes to `apply_chat_template` itself: the same key in
 # `chat_template_kwargs` is a "multiple values" TypeError (400), or a KeyError on the retry (500).
 _CALL_ARGS = {"conversation", "tools", "add_generation_prompt", "tokenize", "return_dict"}
 _MEDIA_WORDS = ("image", "audio", "video", "vision")
 _CONTENT_VARS = ("message", "msg", "m")
+GPT_OSS = "gpt_oss"  # config.json's model_type: OpenAIServingChat.is_gpt_oss
+
+
+def _names(cls: type[BaseException]) -> set[str]:
+    return {cls.__name__}.union(*(_names(sub) for sub in cls.__subclasses__()))
+
+
+# serving_chat.py `_CHAT_TEMPLATE_CLIENT_ERRORS` (jinja2's errors, TypeError: turned into a ValueError) and
+# serving_base.py `handle_request` (a ValueError is a 400): a template raising one of these is refused with
+# 400, anything else is a 500. count.py reports the exception by class name.
+_CLIENT_ERRORS = frozenset(_names(jinja2.TemplateError) | _names(TypeError) | _names(ValueError))
 
 
 def _content_of(node: nodes.Node | None) -> str | None:
@@ -179,9 +200,13 @@ def _template_tools(body: dict[str, Any], messages: list[dict[str, Any]]) -> lis
     return tools or None
 
 
-def _template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
-    """`normalize_reasoning_inputs` (reasoning effort sets thinking defaults), the pop of `reasoning_effort`
-    out of the kwargs, then `extra_template_kwargs`: the effort first, every kwarg after it."""
+def _template_kwargs(
+    body: dict[str, Any], model_type: str | None, defaults: dict[str, Any]
+) -> dict[str, Any]:
+    """protocol.py `normalize_reasoning_inputs` (reasoning effort sets thinking defaults); the pop of
+    `reasoning_effort` out of the kwargs (`_convert_to_internal_request`); the server's defaults under the
+    request's (`_process_messages`); then `_apply_jinja_template`'s `extra_template_kwargs`: the effort first,
+    every kwarg after it (a default effort among them)."""
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise req.refuse("chat_template_kwargs is not an object")
@@ -206,15 +231,27 @@ def _template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
         kwargs.setdefault("thinking", thinking)
         kwargs.setdefault("enable_thinking", thinking)
     popped = kwargs.pop("reasoning_effort", None)
+    if model_type == GPT_OSS and popped == "none":
+        raise req.refuse("Harmony does not support reasoning effort none")
     effort = effort if popped is None else popped
+    for key, value in defaults.items():
+        kwargs.setdefault(key, value)
+    if effort is None:
+        effort = kwargs.get("reasoning_effort")
     if _CALL_ARGS & kwargs.keys():
         raise req.refuse("chat_template_kwargs repeats an argument of the template call")
     return {"reasoning_effort": effort, **kwargs} if effort is not None else kwargs
 
 
-def chat_request(body: Any, template: str) -> tuple[ChatInput, str | None]:
+def chat_request(
+    body: Any,
+    template: str,
+    model_type: str | None = None,
+    settings: ServerSettings = DEFAULT_SETTINGS,
+) -> tuple[ChatInput, str | None]:
     """The template's input for a chat body, and the text SGLang encodes after the render (a continued final
-    assistant message), if any. Raises InvalidBody where SGLang refuses the request."""
+    assistant message), if any. `model_type` is config.json's. Raises InvalidBody where SGLang refuses the
+    request."""
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         raise req.refuse("messages is not a list")
     if not body["messages"]:
@@ -223,8 +260,13 @@ def chat_request(body: Any, template: str) -> tuple[ChatInput, str | None]:
     texts: list[str] = []
     media: dict[str, int] = {}
     messages = [_message(m, fmt, texts, media) for m in body["messages"]]
+    if "reasoning_content" not in template:
+        # transformers 5.19.0 (SGLang's pin) hands the template each message as it is; later releases also
+        # copy `reasoning_content` to `thinking` (`_alias_reasoning_fields`), which gpt-oss's template reads.
+        # A template that never names the field cannot see it under 5.19: islwatch leaves it out.
+        messages = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
     tools = _template_tools(body, messages)
-    kwargs = _template_kwargs(body)
+    kwargs = _template_kwargs(body, model_type, dict(settings.default_chat_template_kwargs))
     if kwargs.get("continue_final_message"):  # transformers: not with add_generation_prompt, always on here
         raise req.refuse("continue_final_message in chat_template_kwargs")
     prefix = None
@@ -260,18 +302,42 @@ def _input_ids(body: Any) -> list[int] | None:
     return ids
 
 
-def count_sglang(enc: Encoder, endpoint: str, body: Any) -> CountResult:
-    """What SGLang 0.5.23 counts for this request. Raises only on an islwatch bug (as count.py `count`)."""
+def _flat_tools(chat: ChatInput) -> ChatInput:
+    """The second try of `_apply_jinja_template`: each tool as its function alone (Mistral-style templates)."""
+    tools = [t.get("function", t) for t in chat.tools or []]
+    return replace(chat, tools=tools or None)
+
+
+def _render_count(enc: Encoder, chat: ChatInput, endpoint: str) -> CountResult:
+    """The template rendered as `_apply_jinja_template` renders it: once, once more with flat tools if that
+    raised anything, and the second error answered 400 if it is a client error (`_CLIENT_ERRORS`)."""
+    result = count_chat(enc, chat, endpoint)
+    if result.fallback_reason == TEMPLATE_ERROR and chat.tools:  # without tools the second try is the first
+        result = count_chat(enc, _flat_tools(chat), endpoint)
+    if result.fallback_reason == TEMPLATE_ERROR and result.detail in _CLIENT_ERRORS:
+        return not_counted(endpoint, req.refuse(f"the chat template raises {result.detail}"))
+    return result
+
+
+def count_sglang(
+    enc: Encoder,
+    endpoint: str,
+    body: Any,
+    settings: ServerSettings = DEFAULT_SETTINGS,
+    model_type: str | None = None,
+) -> CountResult:
+    """What SGLang 0.5.23 counts for this request, served with `settings` (its default template kwargs) for a
+    model whose config.json has `model_type`. Raises only on an islwatch bug (as count.py `count`)."""
     if endpoint != Endpoint.CHAT:
         return count(enc, endpoint, body)
     try:
         ids = _input_ids(body)
-        chat, prefix = chat_request(body, enc.template or "")
+        chat, prefix = chat_request(body, enc.template or "", model_type, settings)
     except InvalidBody as exc:
         return not_counted(endpoint, exc)
     if ids is not None:
         return replace(count_prompts(enc, PromptInput([ids]), str(endpoint)), messages=len(chat.messages))
-    result = count_chat(enc, chat, str(endpoint))
+    result = _render_count(enc, chat, str(endpoint))
     if not prefix or result.expected_server is None or result.templated is None:  # "" appends nothing
         return result
     extra = _prefix_len(enc, prefix)
