@@ -1,5 +1,6 @@
-"""vLLM 0.32's own request preprocessing, in-process, as a line-oriented oracle. Runs with the vLLM venv's
-python (scripts/install_vllm.sh), never imported by the test process.
+"""vLLM's own request preprocessing, in-process, as a line-oriented oracle. Runs with a vLLM venv's python
+(0.32: scripts/install_vllm.sh; 0.33: scripts/install_vllm_render.sh), never imported by the test process.
+One script for both: where 0.33 moved an import, the 0.32 path is the fallback.
 
 `python vllm_oracle.py MODEL_DIR [vllm serve flags...] [--and MODEL_DIR [flags...]]...` builds, for each
 folder, what vLLM builds before its engine, with vLLM's own code and the steps of its GPU-less render server
@@ -42,7 +43,11 @@ def build(argv: list[str], loop: asyncio.AbstractEventLoop) -> Any:
     from starlette.datastructures import State
     from vllm import AsyncEngineArgs, envs
     from vllm.config import VllmConfig
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+
+    try:  # 0.33 moved `vllm serve`'s arguments to entrypoints/common (its render/entry.py imports them there)
+        from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+    except ImportError:  # 0.32
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.entrypoints.launchers.render.app_state import init_render_app_state
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
