@@ -185,17 +185,17 @@ def parse(
     developer_role: bool,
     settings: ServerSettings = DEFAULT_SETTINGS,
 ) -> ChatInput | PromptInput:
-    defaults = settings.default_chat_template_kwargs
+    defaults, refusals = settings.default_chat_template_kwargs, settings.vllm_refusals
     if endpoint == Endpoint.CHAT:
-        return chat_input(body, parts_format, developer_role, defaults)
+        return chat_input(body, parts_format, developer_role, defaults, refusals)
     if endpoint == Endpoint.RESPONSES:
-        return responses_input(body, parts_format, developer_role, defaults)
+        return responses_input(body, parts_format, developer_role, defaults, refusals)
     if endpoint == Endpoint.COMPLETIONS:
         return prompt_input(body, "prompt")
     if endpoint == Endpoint.EMBEDDINGS:
         if isinstance(body, dict) and isinstance(body.get("messages"), list):
             # vLLM's chat-style embeddings (EmbeddingChatRequest) default add_generation_prompt to False.
-            chat = chat_input(body, parts_format, developer_role, defaults)
+            chat = chat_input(body, parts_format, developer_role, defaults, refusals)
             return replace(chat, add_generation_prompt=bool(body.get("add_generation_prompt", False)))
         return prompt_input(body, "input")
     raise InvalidBody(f"unknown endpoint {endpoint!r}")

@@ -42,7 +42,11 @@ class PromptInput:
 
 
 def chat_input(
-    body: Any, parts_format: bool = False, developer_role: bool = True, defaults: dict[str, Any] | None = None
+    body: Any,
+    parts_format: bool = False,
+    developer_role: bool = True,
+    defaults: dict[str, Any] | None = None,
+    refusals: bool = True,
 ) -> ChatInput:
     """`/v1/chat/completions` body -> what the chat template renders. `parts_format` and `developer_role`
     are facts of the template (core/tokens.py `parts_format`, `developer_role`); `defaults` the server's
@@ -52,7 +56,7 @@ def chat_input(
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidBody("messages is not a non-empty list")
-    return _chat_from_messages(body, messages, parts_format, developer_role, defaults)
+    return _chat_from_messages(body, messages, parts_format, developer_role, defaults, refusals)
 
 
 # Keys the renderer passes by name: a `chat_template_kwargs` entry of the same name is merged, not repeated.
@@ -61,19 +65,13 @@ _NAMED = ("add_generation_prompt", "continue_final_message", "documents", "tools
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 
-def _template_kwargs(body: dict[str, Any], defaults: dict[str, Any] | None) -> dict[str, Any]:
+def _template_kwargs(body: dict[str, Any], defaults: dict[str, Any] | None, refusals: bool) -> dict[str, Any]:
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise InvalidBody("chat_template_kwargs is not an object")
-    # OnlineRenderer.validate_chat_template (no --trust-request-chat-template) and hf.py
-    # resolve_chat_template_kwargs (`tokenize` is islwatch's and vLLM's to set, never the request's).
-    if body.get("chat_template") is not None or kwargs.get("chat_template") is not None:
-        raise ServerRefuses(REFUSES + "a chat template in the request is refused (untrusted)")
-    if "tokenize" in kwargs or "chat_template" in kwargs:
-        raise ServerRefuses(REFUSES + "unexpected chat_template_kwargs")
     effort = body.get("reasoning_effort")
-    if effort is not None and effort not in REASONING_EFFORTS:
-        raise ServerRefuses(REFUSES + "reasoning_effort is not one of " + "/".join(REASONING_EFFORTS))
+    if refusals:
+        _refusals(body, kwargs, effort)
     merged = dict(kwargs)
     if effort is not None:
         merged["reasoning_effort"] = effort
@@ -82,6 +80,18 @@ def _template_kwargs(body: dict[str, Any], defaults: dict[str, Any] | None) -> d
     # ChatParams.with_defaults: merge_kwargs(server defaults, the request's), a None or "auto" request
     # value unset. It always runs in preprocess_chat (its defaults carry `tokenize`), so this does too.
     return (defaults or {}) | {k: v for k, v in merged.items() if not _unset(v)}
+
+
+def _refusals(body: dict[str, Any], kwargs: dict[str, Any], effort: Any) -> None:
+    """OnlineRenderer.validate_chat_template (no --trust-request-chat-template), hf.py
+    resolve_chat_template_kwargs (`tokenize` is vLLM's to set, never the request's), the request model's
+    reasoning_effort Literal."""
+    if body.get("chat_template") is not None or kwargs.get("chat_template") is not None:
+        raise ServerRefuses(REFUSES + "a chat template in the request is refused (untrusted)")
+    if "tokenize" in kwargs or "chat_template" in kwargs:
+        raise ServerRefuses(REFUSES + "unexpected chat_template_kwargs")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise ServerRefuses(REFUSES + "reasoning_effort is not one of " + "/".join(REASONING_EFFORTS))
 
 
 def _unset(value: Any) -> bool:
@@ -95,13 +105,14 @@ def _chat_from_messages(
     parts_format: bool,
     developer_role: bool,
     defaults: dict[str, Any] | None = None,
+    refusals: bool = True,
 ) -> ChatInput:
     texts: list[str] = []
     media: dict[str, int] = {}
-    prepared = [prepare_message(m, parts_format, developer_role, texts, media) for m in messages]
+    prepared = [prepare_message(m, parts_format, developer_role, texts, media, refusals) for m in messages]
     if not developer_role and any(m["role"] == "developer" for m in prepared):
         prepared = developer_as_system(prepared)
-    kwargs = _template_kwargs(body, defaults)
+    kwargs = _template_kwargs(body, defaults, refusals)
     # Request tools pass vLLM's request model (dumped as vllm_tool); tools in chat_template_kwargs reach
     # the template as sent.
     raw_tools = kwargs.get("tools")
@@ -128,34 +139,83 @@ def _chat_from_messages(
     )
 
 
+def _assistant_text(content: Any) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content and isinstance(content[0], dict):
+        text = content[0].get("text")
+        return text if isinstance(text, str) else None
+    return None
+
+
+def _responses_item(item: Any, prev: dict[str, Any] | None) -> dict[str, Any] | None:
+    """vLLM's `_construct_message_from_response_item` (`responses/utils.py`): a new chat message, or None when
+    the item went into the previous assistant message (a reasoning item, a function call, an output text
+    of the same turn). Only an assistant message is merged into."""
+    if not isinstance(item, dict):
+        raise InvalidBody("responses input item is not an object")
+    kind = item.get("type", "message")
+    prev_assistant = prev if prev is not None and prev.get("role") == "assistant" else None
+    if kind == "function_call":
+        call = {
+            "id": item.get("call_id"),
+            "type": "function",
+            "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+        }
+        if prev_assistant is not None and isinstance(prev_assistant.get("tool_calls"), list | type(None)):
+            prev_assistant["tool_calls"] = [*(prev_assistant.get("tool_calls") or []), call]
+            return None
+        return {"role": "assistant", "tool_calls": [call]}
+    if kind == "reasoning":
+        if item.get("encrypted_content"):
+            raise ServerRefuses(REFUSES + "encrypted reasoning content is not supported")
+        parts = item.get("content") or item.get("summary") or []
+        first = parts[0] if isinstance(parts, list) and parts else None
+        reasoning = first.get("text", "") if isinstance(first, dict) else ""
+        if prev_assistant is not None and prev_assistant.get("reasoning") is None:
+            prev_assistant["reasoning"] = reasoning
+            return None
+        return {"role": "assistant", "reasoning": reasoning}
+    if kind == "function_call_output":
+        return {"role": "tool", "content": item.get("output"), "tool_call_id": item.get("call_id")}
+    if kind == "message" and item.get("role") == "assistant":
+        # An output message keeps its first part's text only; it fills the turn's content when still unset.
+        text = _assistant_text(item.get("content"))
+        if text is not None:
+            if prev_assistant is not None and prev_assistant.get("content") is None:
+                prev_assistant["content"] = text
+                return None
+            return {"role": "assistant", "content": text}
+    if kind == "message" and "role" in item:
+        return {k: v for k, v in item.items() if k in ("role", "content", "name")}
+    raise ServerRefuses(REFUSES + "unsupported responses input item type")  # the type itself is not logged
+
+
 def _responses_items(items: list[Any]) -> list[dict[str, Any]]:
-    """Responses API input items -> chat messages. Function calls and their outputs map to tool messages."""
+    """Responses API input items -> chat messages (`construct_chat_messages_with_tool_call`): a turn's
+    reasoning, output text and function calls merge into one assistant message; outputs become tool
+    messages."""
     messages: list[dict[str, Any]] = []
     for item in items:
-        if not isinstance(item, dict):
-            raise InvalidBody("responses input item is not an object")
-        kind = item.get("type", "message")
-        if kind == "message":
-            messages.append({"role": item.get("role"), "content": item.get("content")})
-        elif kind == "function_call":
-            call = {
-                "id": item.get("call_id"),
-                "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments")},
-            }
-            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
-        else:
-            raise InvalidBody("unsupported responses input item type")  # the reason is logged: no client text
+        message = _responses_item(item, messages[-1] if messages else None)
+        if message is not None:
+            messages.append(message)
     return messages
 
 
-def responses_input(
-    body: Any, parts_format: bool = False, developer_role: bool = True, defaults: dict[str, Any] | None = None
-) -> ChatInput:
-    """`/v1/responses`: `instructions` become a system message before `input` (a string or items)."""
+def _continues_final(items: Any) -> bool:
+    """`should_continue_final_message`: the last item is a message or reasoning item still in progress."""
+    last = items[-1] if isinstance(items, list) and items and isinstance(items[-1], dict) else None
+    if last is None or last.get("type", "message") not in ("message", "reasoning"):
+        return False
+    return last.get("status") in ("in_progress", "incomplete")
+
+
+def responses_as_chat(body: Any) -> dict[str, Any]:
+    """A `/v1/responses` body as the chat request vLLM's Responses path renders (`construct_input_messages`,
+    `ResponsesRequest.build_chat_params`): `instructions` a system message before `input` (a string or
+    items), flat tools in the chat shape, the generation prompt unless the last item is continued, the
+    reasoning effort as the chat request's."""
     if not isinstance(body, dict):
         raise InvalidBody("body is not a JSON object")
     raw = body.get("input")
@@ -166,17 +226,36 @@ def responses_input(
     else:
         raise InvalidBody("input is neither a string nor a non-empty list")
     instructions = body.get("instructions")
-    if isinstance(instructions, str):
+    if isinstance(instructions, str) and instructions:
         messages.insert(0, {"role": "system", "content": instructions})
+    continued = _continues_final(raw)
+    chat = {**body, "messages": messages, "add_generation_prompt": not continued}
+    chat["continue_final_message"] = continued
+    for key in ("input", "instructions", "reasoning"):
+        chat.pop(key, None)
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
+        chat["reasoning_effort"] = reasoning["effort"]
     tools = body.get("tools")
-    # Responses tools are flat ({"type": "function", "name": ...}); chat templates expect the chat shape.
-    if isinstance(tools, list):
-        body = {**body, "tools": [_flat_tool_to_chat(t) for t in tools if isinstance(t, dict)] or None}
+    if isinstance(tools, list):  # Responses tools are flat ({"type": "function", "name": ...})
+        chat["tools"] = [_flat_tool_to_chat(t) for t in tools if isinstance(t, dict)] or None
+    return chat
+
+
+def responses_input(
+    body: Any,
+    parts_format: bool = False,
+    developer_role: bool = True,
+    defaults: dict[str, Any] | None = None,
+    refusals: bool = True,
+) -> ChatInput:
+    """`/v1/responses`, rendered as its chat request (`responses_as_chat`)."""
+    chat = responses_as_chat(body)
     # vLLM's ResponsesRequest.build_tok_params leaves TokenizeParams.add_special_tokens at its default, True
     # (vllm/renderers/params.py): the rendered prompt is encoded with special tokens, so a template that
     # writes BOS itself (Llama-3) gets a second one. Measured on vLLM 0.32: +1 token on every request.
-    body = {**body, "add_special_tokens": True}
-    return _chat_from_messages(body, messages, parts_format, developer_role, defaults)
+    chat["add_special_tokens"] = True
+    return _chat_from_messages(chat, chat["messages"], parts_format, developer_role, defaults, refusals)
 
 
 def _flat_tool_to_chat(tool: dict[str, Any]) -> dict[str, Any]:

@@ -167,6 +167,8 @@ def count_as(
     counting path, then how it reports the usage of several prompts. Never raises."""
     if flavor == "sglang":  # its own chat preparation (core/sglang.py); other endpoints as vLLM's
         return count_sglang(enc, endpoint, body)
+    if flavor == "llama.cpp":  # llama-server checks a request its own way (README, "Divergences")
+        settings = replace(settings, vllm_refusals=False)
     result = count(enc, endpoint, prepare_body(flavor, endpoint, body), settings)
     reported = reported_prompt_tokens(flavor, endpoint, result.prompts, streamed)
     return result if reported is None else replace(result, expected_server=reported)

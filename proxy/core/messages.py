@@ -112,12 +112,36 @@ def reasoning_of(msg: dict[str, Any]) -> Any:
     return msg.get("reasoning_content") if reasoning is None else reasoning
 
 
+# Roles whose message models take a null content (the OpenAI assistant and function message params); every
+# other model of vLLM's message union refuses it (`chat_utils.py` ChatCompletionMessageParam).
+_NULL_CONTENT_ROLES = ("assistant", "function")
+
+
+def _request_model_refusals(msg: dict[str, Any]) -> None:
+    """What vLLM 0.32's request model answers 400 before any preparation."""
+    if "content" in msg and msg["content"] is None and msg["role"] not in _NULL_CONTENT_ROLES:
+        raise ServerRefuses(REFUSES + "a null content on a message of this role")
+    calls = msg.get("tool_calls") if msg["role"] == "assistant" else None
+    for call in calls if isinstance(calls, list) else ():
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict) and not isinstance(fn.get("arguments"), str):
+            raise ServerRefuses(REFUSES + "tool-call arguments that are not a string")  # Function.arguments
+
+
 def prepare_message(
-    msg: Any, parts_format: bool, developer_role: bool, texts: list[str], media: dict[str, int]
+    msg: Any,
+    parts_format: bool,
+    developer_role: bool,
+    texts: list[str],
+    media: dict[str, int],
+    refusals: bool = True,
 ) -> dict[str, Any]:
-    """One wire message as the template sees it; its texts (bare count) and media counts are collected."""
+    """One wire message as the template sees it; its texts (bare count) and media counts are collected.
+    `refusals`: refuse what vLLM's request model refuses (ServerRefuses)."""
     if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
         raise InvalidBody("message without a string role")
+    if refusals:
+        _request_model_refusals(msg)
     role = msg["role"]
     out_parts: list[dict[str, Any]] = []
     part_texts: list[str] = []

@@ -21,19 +21,28 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .count import CHAT_TEMPLATE, CountResult, Encoder, bare_result, not_counted, parse
+from .count import (
+    CHAT_TEMPLATE,
+    SERVER_REFUSES,
+    CountResult,
+    Encoder,
+    bare_result,
+    not_counted,
+    parse,
+    uncounted,
+)
 from .diagnose import DriftProfile, build_profile
 from .endpoints import Endpoint
-from .extract import ChatInput
+from .extract import ChatInput, responses_as_chat
 from .fast import best_encoder
 from .flavor import count_as, flavored_tokenizer
 from .harmony import HarmonyRenderer, load_harmony, server_date
 from .images import ImageModel
-from .messages import InvalidBody
+from .messages import REFUSES, InvalidBody
 from .mistral import MistralRenderer, is_mistral_folder, load_mistral
 from .mistral_request import MediaNotModelled
 from .server_settings import DEFAULT_SETTINGS, ServerSettings
-from .templates import Template, has_tools, processor_template, tokenizer_template_source
+from .templates import PROCESSOR_FILES, Template, has_tools, processor_template, tokenizer_template_source
 from .tokenizer import LoadedTokenizer, TokenizerIdentity, load_mistral_identity, load_tokenizer
 from .vision import image_model_for
 
@@ -77,6 +86,7 @@ class ServedModel:
     tokenizer: Any = None  # the transformers tokenizer counted with (None: mistral-common only)
     harmony: HarmonyRenderer | None = None
     mistral: MistralRenderer | None = None
+    text_only: bool = False  # vLLM serves the folder as a text model: media parts are refused
 
     def count(self, endpoint: str, body: Any, streamed: bool = False) -> CountResult:
         """What the server counts for this request. Never raises but on an islwatch bug (core/count.py)."""
@@ -90,9 +100,20 @@ class ServedModel:
             return self._rendered(endpoint, body, lambda b: render(b, start_date=date))
         if self.mistral is not None and endpoint == Endpoint.CHAT:
             return self._rendered(endpoint, body, self.mistral.chat_ids)
+        if (
+            self.mistral is not None and endpoint == Endpoint.RESPONSES
+        ):  # its chat request, through mistral-common
+            mistral = self.mistral
+            return self._rendered(endpoint, body, lambda b: mistral.chat_ids(responses_as_chat(b)))
         use_processor = self.processor_encoder is not None and not has_tools(body)
         enc = self.processor_encoder if use_processor and self.processor_encoder else self.encoder
-        return count_as(self.flavor, enc, endpoint, body, streamed, self.settings)
+        result = count_as(self.flavor, enc, endpoint, body, streamed, self.settings)
+        if self.text_only and result.media_parts:
+            # vllm/multimodal/registry.py: a media part for a model that is not multimodal is a 400
+            return uncounted(
+                endpoint, SERVER_REFUSES, REFUSES + "media parts for a model that is not multimodal"
+            )
+        return result
 
     def _rendered(self, endpoint: str, body: Any, ids_of: Callable[[Any], list[int]]) -> CountResult:
         """A renderer that makes the prompt's ids itself (Harmony, mistral-common): the bare count from the
@@ -178,7 +199,16 @@ def load_served_model(
         processor_encoder=processor[0] if processor else None,
         tokenizer=tok,
         harmony=harmony,
+        text_only=flavor == "vllm" and _text_model(folder),
     )
+
+
+def _text_model(folder: Path | None) -> bool:
+    """A model folder (it has a config.json) without a processor: vLLM serves it without multimodal support.
+    A bare tokenizer folder says nothing of the model, so nothing is refused for it."""
+    if folder is None or not (folder / "config.json").is_file():
+        return False
+    return not any((folder / name).is_file() for name in PROCESSOR_FILES)
 
 
 def _processor_encoder(

@@ -21,6 +21,9 @@ class ServerSettings:
     # tokenizer.model.v* through mistral-common (`vllm/tokenizers/registry.py`); "mistral" always does;
     # "hf" never does.
     tokenizer_mode: str = "auto"
+    # vLLM's request-model refusals (a null user content, tool-call arguments that are not a string, an
+    # unknown reasoning_effort, a request chat template...): off for llama-server, which checks otherwise.
+    vllm_refusals: bool = True
 
 
 DEFAULT_SETTINGS = ServerSettings()
