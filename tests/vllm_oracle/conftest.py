@@ -1,6 +1,10 @@
-"""Session fixtures: vLLM 0.32's own request preprocessing for every family (tests/vllm_oracle/
-oracle_proc.py), in a few long-lived subprocesses started at once, stopped by pid when this directory's last
-test is done.
+"""Session fixtures: vLLM's own request preprocessing for every family (tests/vllm_oracle/oracle_proc.py),
+in a few long-lived subprocesses started at once, stopped by pid when this directory's last test is done, for
+each vLLM release tested (RELEASES: 0.32, the CPU build the vllm flavor models, and 0.33, PyPI's CUDA build
+installed lightly). The release is the one session-scoped parameter here, so pytest runs one release's tests
+after the other's and starts each release's processes once, stopping one's before starting the next (family
+and oracle are function-scoped for that: a second session-scoped parameter would interleave the releases and
+restart the processes at every switch).
 
 Skips (with the reason) only when vLLM cannot be installed here (a failure under CI: tests/conftest.py
 `unavailable`), or the shared tokenizers are absent. An oracle that fails to start is a failure.
@@ -15,9 +19,10 @@ from pathlib import Path
 
 import pytest
 from oracle_proc import FAMILIES, Oracle, OracleProcess, launch, model_folder, stop
-from vllm_server.vllm_proc import VllmUnavailable, find_python
+from vllm_server.vllm_proc import INSTALL_SCRIPT, REPO, VllmUnavailable, venv_python
 
 from proxy.core.harmony_vocab import vocab_dir
+from proxy.core.specs import TESTED_VERSIONS
 from tests.conftest import SHARED_TOKENIZERS, unavailable
 from tests.lifetimes import release_after_directory
 
@@ -25,13 +30,25 @@ HARMONY_FAMILY = "gpt-oss"
 # How many oracle processes share the families (each pays vLLM's imports once; oracle_proc.py). 14 gives
 # one process per family (~1.2 GB each).
 PROCESSES = int(os.environ.get("ISLWATCH_VLLM_ORACLES", "2"))
-_STARTED: dict[str, Oracle] = {}  # for the timing summary at the end of the run
+_STARTED: list[Oracle] = []  # for the timing summary at the end of the run
+# The releases every shape is put to, by their key in TESTED_VERSIONS: (install script, env var of its python).
+RELEASES = {
+    "vllm": (INSTALL_SCRIPT, "ISLWATCH_VLLM_PYTHON"),
+    "vllm_render": (REPO / "scripts" / "install_vllm_render.sh", "ISLWATCH_VLLM_RENDER_PYTHON"),
+}
+
+
+@pytest.fixture(scope="session", params=list(RELEASES), ids=[TESTED_VERSIONS[r] for r in RELEASES])
+def release(request: pytest.FixtureRequest) -> str:
+    """The release's key in TESTED_VERSIONS."""
+    return str(request.param)
 
 
 @pytest.fixture(scope="session")
-def oracle_python() -> str:
+def oracle_python(release: str) -> str:
+    script, env_var = RELEASES[release]
     try:
-        return find_python()
+        return venv_python(script, env_var, VllmUnavailable, f"vLLM {TESTED_VERSIONS[release]}")
     except VllmUnavailable as exc:
         unavailable(str(exc))
 
@@ -62,19 +79,19 @@ def oracles(oracle_python: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             process.wait_ready()
             release_after_directory(Path(__file__).parent, functools.partial(stop, process))
         started = {f: Oracle(f, d, p) for p in processes for f, d in p.folders.items()}
-        _STARTED.update(started)
+        _STARTED.extend(started.values())
         yield started
     finally:
         for process in processes:
             stop(process)
 
 
-@pytest.fixture(scope="session", params=list(FAMILIES))
+@pytest.fixture(params=list(FAMILIES))
 def family(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def oracle(oracles: dict[str, Oracle], family: str) -> Oracle:
     return oracles[family]
 
@@ -85,18 +102,18 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not _STARTED:
         return
     terminalreporter.section("vLLM oracle timings")
-    processes = {id(o.process): o.process for o in _STARTED.values()}
+    processes = {id(o.process): o.process for o in _STARTED}
     for process in processes.values():
         imports = process.seconds.get("imports", 0.0)
         terminalreporter.write_line(
-            f"process {process.proc.pid}: ready in {process.ready_seconds:.1f} s ({len(process.folders)} "
-            f"families; vLLM's imports {imports:.1f} s)"
+            f"vLLM {process.version} process {process.proc.pid}: ready in {process.ready_seconds:.1f} s "
+            f"({len(process.folders)} families; vLLM's imports {imports:.1f} s)"
         )
-    for family, oracle in _STARTED.items():
+    for oracle in _STARTED:
         times = sorted(oracle.answer_seconds)
         median = f"{1000 * times[len(times) // 2]:.1f} ms" if times else "-"
         slowest = f"{1000 * times[-1]:.1f} ms" if times else "-"
         terminalreporter.write_line(
-            f"{family:26} built in {oracle.build_seconds:5.1f} s; {len(times)} answers, median {median}, "
-            f"slowest {slowest}"
+            f"{oracle.version} {oracle.family:26} built in {oracle.build_seconds:5.1f} s; {len(times)} answers, "
+            f"median {median}, slowest {slowest}"
         )
