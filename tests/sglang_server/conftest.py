@@ -1,5 +1,7 @@
 """Session fixtures: one SGLang oracle per family (SGLang's own chat preprocessing in a long-lived
-subprocess, tests/sglang_server/sglang_proc.py), all starting at once, stopped by pid at the end.
+subprocess, tests/sglang_server/sglang_proc.py), and one more for the families of DEFAULT_KWARGS (started with
+`--default-chat-template-kwargs`), all starting at once (~1 GB resident each), stopped by pid when this
+directory's last test is done.
 
 Skips (with the reason; under CI, fails) only when SGLang cannot be installed here, or the shared
 tokenizers are absent. An oracle that fails to start is a failure, not a skip.
@@ -8,13 +10,27 @@ tokenizers are absent. An oracle that fails to start is a failure, not a skip.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sglang_proc import FAMILIES, Oracle, SglangUnavailable, find_python, launch, stop
-from vllm_server.vllm_proc import tiny_model
+from sglang_proc import (
+    DEFAULT_KWARGS,
+    FAMILIES,
+    Oracle,
+    Oracles,
+    SglangUnavailable,
+    find_python,
+    launch,
+    stop,
+)
+
+# The vLLM oracle's model folders and agent shapes, imported by the names its own tests use (its directory
+# holds a module named vllm_oracle.py, so it cannot be imported as a package beside it).
+sys.path.insert(0, str(Path(__file__).parents[1] / "vllm_oracle"))
+from oracle_proc import model_folder
 
 from proxy.core.fast import best_encoder
 from tests.conftest import SHARED_TOKENIZERS, load_shared, unavailable
@@ -30,25 +46,32 @@ def sglang_python() -> str:
 
 
 @pytest.fixture(scope="session")
-def oracles(sglang_python: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Oracle]]:
+def all_oracles(sglang_python: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Oracles]:
     missing = [f for f in FAMILIES if not (SHARED_TOKENIZERS / f).is_dir()]
     if missing:
         pytest.skip(f"shared tokenizers not present in {SHARED_TOKENIZERS}: {missing}")
     logs = tmp_path_factory.mktemp("sglang")
-    started: dict[str, Oracle] = {}
+    cache = Path(sglang_python).parents[1] / "oracle-models"  # next to the venv
+    folders = {family: model_folder(cache, family, SHARED_TOKENIZERS) for family in FAMILIES}
+    started = Oracles({}, {})
     try:
-        for family in FAMILIES:
-            # The tiny model builder of the vLLM tests, run in the SGLang venv (it has torch and
-            # transformers): SGLang reads the model's config and tokenizer files, never its weights here.
-            model = tiny_model(sglang_python, SHARED_TOKENIZERS / family, family)
-            started[family] = launch(sglang_python, family, model, logs / f"{family}.log")
-        for oracle in started.values():
+        for family, folder in folders.items():
+            started.plain[family] = launch(sglang_python, family, folder, logs / f"{family}.log")
+        for family, kwargs in DEFAULT_KWARGS.items():
+            log = logs / f"{family}-default-kwargs.log"
+            started.default_kwargs[family] = launch(sglang_python, family, folders[family], log, kwargs)
+        for oracle in [*started.plain.values(), *started.default_kwargs.values()]:
             oracle.wait_ready()
             release_after_directory(Path(__file__).parent, functools.partial(stop, oracle))
         yield started
     finally:
-        for oracle in started.values():
+        for oracle in [*started.plain.values(), *started.default_kwargs.values()]:
             stop(oracle)
+
+
+@pytest.fixture(scope="session")
+def oracles(all_oracles: Oracles) -> dict[str, Oracle]:
+    return all_oracles.plain
 
 
 @pytest.fixture(scope="session", params=list(FAMILIES))

@@ -1,6 +1,11 @@
 """SGLang's own chat preprocessing as a long-lived subprocess per family (sglang_oracle.py beside this, run
 with the SGLang venv's python from scripts/install_sglang.sh): SGLang's imports take ~16 s, so each
 oracle starts once per session and answers every shape over stdin/stdout, one JSON line each way.
+
+Each family's model folder is the vLLM oracle's (tests/vllm_oracle/oracle_proc.py `model_folder`): a
+config.json with the real `model_type` and architecture beside the shared tokenizer files. SGLang reads the
+config (`TokenizerManager.init_model_config`: ModelConfig, which picks `is_gpt_oss` and the chat encoder
+from it) and the tokenizer, never weights here.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import os
 import selectors
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -22,10 +27,22 @@ REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO / "scripts" / "install_sglang.sh"
 ORACLE = Path(__file__).with_name("sglang_oracle.py")
 ENV_PYTHON = "ISLWATCH_SGLANG_PYTHON"
-# family (folder in ../shared/tokenizers) -> (tiny model architecture, SGLang's tool-call parser for it)
-FAMILIES = {
-    "qwen2.5-instruct": ("qwen2", "qwen"),
-    "llama-3-8b-instruct": ("llama", "llama3"),
+# family (folder in ../shared/tokenizers) -> `sglang serve` flags as SGLang's docs give them for the model: its
+# tool-call parser (so that tool_choice auto/required/named is accepted) and its reasoning parser, if any.
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "qwen2.5-instruct": ("--tool-call-parser", "qwen"),
+    "llama-3-8b-instruct": ("--tool-call-parser", "llama3"),
+    "qwen3": ("--tool-call-parser", "qwen25", "--reasoning-parser", "qwen3"),
+    "llama-3.1": ("--tool-call-parser", "llama3"),
+    "gemma-3": ("--tool-call-parser", "pythonic"),
+    "gpt-oss": ("--tool-call-parser", "gpt-oss", "--reasoning-parser", "gpt-oss"),
+    "deepseek-r1": ("--tool-call-parser", "deepseekv3", "--reasoning-parser", "deepseek-r1"),
+}
+# A second server for these families, started with `--default-chat-template-kwargs` as well (the test of
+# islwatch's `default_chat_template_kwargs` setting under the sglang flavor): family -> those kwargs.
+DEFAULT_KWARGS: dict[str, dict[str, Any]] = {
+    "qwen3": {"enable_thinking": False},
+    "gpt-oss": {"reasoning_effort": "xhigh"},  # a token more than "low" or "high" in the system message
 }
 # Guards against a hung child, not timing assertions: the imports take ~16 s on 2 idle cores.
 READY_DEADLINE_SECONDS = 300.0
@@ -62,6 +79,7 @@ class Oracle:
     model_dir: Path
     proc: subprocess.Popen[bytes]
     log_path: Path
+    default_kwargs: dict[str, Any] = field(default_factory=dict)  # its --default-chat-template-kwargs
     version: str = ""
 
     def wait_ready(self) -> None:
@@ -81,20 +99,32 @@ class Oracle:
         return _read_line(self.proc.stdout, self.proc, deadline, self.log_path)
 
 
-def launch(python: str, family: str, model_dir: Path, log_path: Path) -> Oracle:
-    parser = FAMILIES[family][1]
+@dataclass(frozen=True)
+class Oracles:
+    """Every oracle of the session, by family: started with FAMILIES' flags, and with DEFAULT_KWARGS too."""
+
+    plain: dict[str, Oracle]
+    default_kwargs: dict[str, Oracle]
+
+
+def launch(
+    python: str, family: str, model_dir: Path, log_path: Path, default_kwargs: dict[str, Any] | None = None
+) -> Oracle:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("PYTHONPATH", None)  # the venv's own packages only
+    flags = list(FAMILIES[family])
+    if default_kwargs:
+        flags += ["--default-chat-template-kwargs", json.dumps(default_kwargs)]
     log = open(log_path, "wb")  # noqa: SIM115 - the child owns the handle for its lifetime
     proc = subprocess.Popen(
-        [python, str(ORACLE), str(model_dir), "--tool-call-parser", parser],
+        [python, str(ORACLE), str(model_dir), *flags],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=log,
         env=env,
         start_new_session=True,
     )
-    return Oracle(family, model_dir, proc, log_path)
+    return Oracle(family, model_dir, proc, log_path, dict(default_kwargs or {}))
 
 
 def stop(oracle: Oracle) -> None:

@@ -1,7 +1,8 @@
 """islwatch's `sglang` flavor against SGLang 0.5.23's own chat preprocessing (the oracle: its request models,
 `_validate_request` and `_convert_to_internal_request`, its template manager and tokenizer), every shape of
 tests/sglang_server/sglang_shapes.py on each family: the count equals SGLang's `input_ids` length where
-SGLang accepts the request, and islwatch says SGLang refuses it where SGLang does.
+SGLang accepts the request, and islwatch says SGLang refuses it where SGLang does (`refused_by`). The one
+divergence kept on purpose (`DIVERGES`) is asserted as such.
 """
 
 from __future__ import annotations
@@ -9,15 +10,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sglang_proc import Oracle
-from sglang_shapes import REFUSED_BY_SGLANG, SHAPES
+from sglang_shapes import DIVERGES, SHAPES, refused_by
 from vllm_server.vllm_shapes import Shape
 
 from proxy.core.count import SERVER_REFUSES, CountResult
 from proxy.core.flavor import count_as
+from proxy.core.server_settings import DEFAULT_SETTINGS, ServerSettings
+from proxy.core.sglang import count_sglang
 from tests.conftest import REPO, SHARED_TOKENIZERS
 
 pytestmark = pytest.mark.sglang
@@ -27,11 +31,21 @@ def sglang_answer(oracle: Oracle, shape: Shape) -> dict[str, Any]:
     return oracle.answer({**shape.body, "model": str(oracle.model_dir), "max_tokens": 1})
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
-def test_count_equals_sglang_input_ids(oracle: Oracle, encoder: Any, shape: Shape) -> None:
-    answer = sglang_answer(oracle, shape)
-    result: CountResult = count_as("sglang", encoder, "chat", shape.body, False)
-    if shape.name in REFUSED_BY_SGLANG:
+def model_type(folder: Path) -> str | None:
+    value = json.loads((folder / "config.json").read_text()).get("model_type")
+    return value if isinstance(value, str) else None
+
+
+def islwatch_count(
+    oracle: Oracle, encoder: Any, body: dict[str, Any], settings: ServerSettings = DEFAULT_SETTINGS
+) -> CountResult:
+    """The sglang flavor's count with what the served model knows: the server's settings and the folder's
+    `model_type` (`flavor.count_as` does not hand them to `count_sglang` yet: the one call to change)."""
+    return count_sglang(encoder, "chat", body, settings, model_type(oracle.model_dir))
+
+
+def assert_same_answer(answer: dict[str, Any], result: CountResult, refused: bool) -> None:
+    if refused:
         assert answer["status"] in (400, 500), answer
         assert result.fallback_reason == SERVER_REFUSES and result.expected_server is None, result
         assert result.detail is not None and result.detail.startswith("sglang answers 400: ")
@@ -41,19 +55,44 @@ def test_count_equals_sglang_input_ids(oracle: Oracle, encoder: Any, shape: Shap
         assert result.expected_server == len(answer["input_ids"])
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
+def test_count_equals_sglang_input_ids(oracle: Oracle, encoder: Any, shape: Shape) -> None:
+    answer = sglang_answer(oracle, shape)
+    result = islwatch_count(oracle, encoder, shape.body)
+    if (oracle.family, shape.name) in DIVERGES:  # SGLang refuses; islwatch counts (the reason in DIVERGES)
+        assert answer["status"] == 400, answer
+        assert result.fallback_reason is None and result.expected_server is not None, result
+        return
+    assert_same_answer(answer, result, refused_by(oracle.family, shape))
+
+
+# Where vLLM's preparation of a request counts otherwise than SGLang's, by family: every tool dumped with one
+# more field (templates that dump tools as JSON: Qwen, Llama 3.1; gpt-oss writes TypeScript, the others render
+# no tools); a developer turn dropped or kept by a template that does not know the role, where vLLM makes it a
+# system turn (Gemma 3's template refuses it outright); a request-level add_generation_prompt SGLang does not
+# read (everywhere).
+DEPARTS = {
+    "qwen2.5-instruct": {"tools_full", "developer_after_system", "generation_prompt_off"},
+    "llama-3-8b-instruct": {"developer_after_system", "generation_prompt_off"},
+    "qwen3": {"tools_full", "developer_after_system", "generation_prompt_off"},
+    "llama-3.1": {"tools_full", "developer_after_system", "generation_prompt_off"},
+    "gemma-3": {"developer_after_system", "generation_prompt_off"},
+    "gpt-oss": {"generation_prompt_off"},
+    "deepseek-r1": {"developer_after_system", "generation_prompt_off"},
+}
+
+
 def test_the_default_vllm_flavor_is_off_where_sglang_departs(oracle: Oracle, encoder: Any) -> None:
-    """Why the flavor exists: vLLM's preparation of the same requests counts differently under SGLang (every
-    tool dumped with one more field on Qwen2.5; a developer turn dropped by Qwen2.5's template, kept on
-    Llama-3's; a request-level add_generation_prompt that SGLang does not read)."""
-    names = {"tools_full", "developer_after_system", "generation_prompt_off"}
-    differs = []
-    for shape in (s for s in SHAPES if s.name in names):
-        sglang = len(sglang_answer(oracle, shape)["input_ids"])
-        vllm = count_as("vllm", encoder, "chat", shape.body, False).expected_server
-        if vllm != sglang:
-            differs.append(shape.name)
-    expected = names if oracle.family.startswith("qwen") else names - {"tools_full"}  # Llama-3.0: no tools
-    assert set(differs) == expected
+    """Why the flavor exists: vLLM's preparation of the same requests counts differently under SGLang."""
+    differs = set()
+    for shape in (
+        s for s in SHAPES if s.name in {"tools_full", "developer_after_system", "generation_prompt_off"}
+    ):
+        answer = sglang_answer(oracle, shape)
+        sglang = len(answer["input_ids"]) if answer["status"] == 200 else None
+        if count_as("vllm", encoder, "chat", shape.body, False).expected_server != sglang:
+            differs.add(shape.name)
+    assert differs == DEPARTS[oracle.family]
 
 
 CLI_SHAPES = [s for s in SHAPES if s.name in ("continue_final_message_spaces", "unknown_role")]
