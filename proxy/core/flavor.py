@@ -162,11 +162,13 @@ def count_as(
     body: Any,
     streamed: bool,
     settings: ServerSettings = DEFAULT_SETTINGS,
+    model_type: str | None = None,
 ) -> CountResult:
     """What the flavor's server counts for this request: its preparation of the body, then the one
-    counting path, then how it reports the usage of several prompts. Never raises."""
+    counting path, then how it reports the usage of several prompts. `model_type`: config.json's, for the
+    rules a server keys on it. Never raises."""
     if flavor == "sglang":  # its own chat preparation (core/sglang.py); other endpoints as vLLM's
-        return count_sglang(enc, endpoint, body)
+        return count_sglang(enc, endpoint, body, settings, model_type)
     if flavor == "llama.cpp":  # llama-server checks a request its own way (README, "Divergences")
         settings = replace(settings, vllm_refusals=False)
     result = count(enc, endpoint, prepare_body(flavor, endpoint, body), settings)

@@ -52,6 +52,20 @@ class ServerRefuses(InvalidBody):
 
 
 REFUSES = "vllm answers 400: "
+_LAX_TRUE = {"true", "1", "yes", "y", "on", "t"}
+_LAX_FALSE = {"false", "0", "no", "n", "off", "f"}
+
+
+def lax_bool(value: Any, name: str, refuses: str = REFUSES) -> bool:
+    """A pydantic `bool` field in lax mode, as vLLM's and SGLang's request models read their flags: JSON
+    booleans, 0/1 and the usual words; anything else is the server's 400 (`refuses` names the server)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _LAX_TRUE | _LAX_FALSE:
+        return value.strip().lower() in _LAX_TRUE
+    raise ServerRefuses(f"{refuses}{name} is not a boolean")
 
 
 def _part_kind(part: Any) -> str:

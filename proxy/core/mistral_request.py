@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from . import messages
 from .messages import REFUSES, InvalidBody, ServerRefuses
 
 FAILS = "vllm answers 500: "  # an exception vLLM's handlers do not map to 400 (a KeyError)
@@ -37,8 +38,6 @@ MEDIA_PARTS = frozenset(
 _MEDIA_KEYS = tuple(sorted(MEDIA_PARTS - {"input_image"}))
 # vLLM truncates tool-call ids to their last 9 characters (tokenizers/mistral.py truncate_tool_call_ids).
 TOOL_ID_CHARS = 9
-_LAX_TRUE = {"true", "1", "yes", "y", "on", "t"}
-_LAX_FALSE = {"false", "0", "no", "n", "off", "f"}
 
 
 class MediaNotModelled(Exception):
@@ -60,14 +59,7 @@ def refuse(why: str) -> ServerRefuses:
 
 
 def lax_bool(value: Any, name: str) -> bool:
-    """A pydantic `bool` field in lax mode (the request model's flags): JSON booleans, 0/1, the usual words."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _LAX_TRUE | _LAX_FALSE:
-        return value.strip().lower() in _LAX_TRUE
-    raise refuse(f"{name} is not a boolean")
+    return messages.lax_bool(value, name, REFUSES)
 
 
 def _validators(body: dict[str, Any]) -> None:

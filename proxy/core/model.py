@@ -87,6 +87,7 @@ class ServedModel:
     harmony: HarmonyRenderer | None = None
     mistral: MistralRenderer | None = None
     text_only: bool = False  # vLLM serves the folder as a text model: media parts are refused
+    model_type: str | None = None  # config.json's (SGLang keys a gpt-oss rule on it)
 
     def count(self, endpoint: str, body: Any, streamed: bool = False) -> CountResult:
         """What the server counts for this request. Never raises but on an islwatch bug (core/count.py)."""
@@ -107,7 +108,7 @@ class ServedModel:
             return self._rendered(endpoint, body, lambda b: mistral.chat_ids(responses_as_chat(b)))
         use_processor = self.processor_encoder is not None and not has_tools(body)
         enc = self.processor_encoder if use_processor and self.processor_encoder else self.encoder
-        result = count_as(self.flavor, enc, endpoint, body, streamed, self.settings)
+        result = count_as(self.flavor, enc, endpoint, body, streamed, self.settings, self.model_type)
         if self.text_only and result.media_parts:
             # vllm/multimodal/registry.py: a media part for a model that is not multimodal is a 400
             return uncounted(
@@ -200,6 +201,7 @@ def load_served_model(
         tokenizer=tok,
         harmony=harmony,
         text_only=flavor == "vllm" and _text_model(folder),
+        model_type=model_type(folder),
     )
 
 

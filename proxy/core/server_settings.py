@@ -11,7 +11,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ServerSettings:
-    # vLLM's `--default-chat-template-kwargs` (SGLang: `--chat-template-kwargs`): merged under each request's
+    # vLLM's `--default-chat-template-kwargs` (SGLang's flag of the same name): merged under each request's
     # own `chat_template_kwargs` (`vllm/renderers/params.py` `ChatParams.with_defaults`).
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     # The date vLLM writes into a gpt-oss (Harmony) system message, YYYY-MM-DD: `VLLM_SYSTEM_START_DATE`, else

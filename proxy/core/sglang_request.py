@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import messages
 from .messages import ServerRefuses
 
 REFUSES = "sglang answers 400: "
@@ -17,8 +18,6 @@ REFUSES = "sglang answers 400: "
 GENERIC_ROLES = ("system", "assistant", "tool", "function", "developer", "latest_reminder", "root")
 MEDIA_PARTS = {"image_url": "image", "video_url": "video", "audio_url": "audio", "input_audio": "audio"}
 _PHASES = (None, "commentary", "final_answer")
-_LAX_TRUE = {"true", "1", "yes", "y", "on", "t"}
-_LAX_FALSE = {"false", "0", "no", "n", "off", "f"}
 
 
 def refuse(why: str) -> ServerRefuses:
@@ -26,14 +25,7 @@ def refuse(why: str) -> ServerRefuses:
 
 
 def lax_bool(value: Any, name: str) -> bool:
-    """A pydantic `bool` field in lax mode: JSON booleans, 0/1 and the usual words."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _LAX_TRUE | _LAX_FALSE:
-        return value.strip().lower() in _LAX_TRUE
-    raise refuse(f"{name} is not a boolean")
+    return messages.lax_bool(value, name, REFUSES)
 
 
 def optional_str(value: Any, name: str) -> Any:
