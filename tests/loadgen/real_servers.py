@@ -11,9 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.conftest import FIXTURES, load_shared, shared_dir
+from tests.conftest import FIXTURES, load_shared, shared_dir, unavailable
 from tests.interop.llama_server_proc import (
     GGUF,
     BinaryUnavailable,
@@ -33,10 +31,10 @@ def qwen_llama_server(logs: Path) -> Iterator[tuple[str, Any]]:
     try:
         binary = find_binary()
     except BinaryUnavailable as exc:
-        pytest.skip(str(exc))
+        unavailable(str(exc))
     gguf = FIXTURES / "gguf" / GGUF[FAMILY]
     if not gguf.is_file():
-        pytest.skip(f"tiny GGUF model not present: {gguf}")
+        unavailable(f"tiny GGUF model not present: {gguf}")
     shared_dir(FAMILY)  # skips when the shared tokenizers are absent
     port = free_port()
     log = logs / "llama-server.log"

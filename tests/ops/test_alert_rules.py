@@ -21,6 +21,8 @@ from opslib import (
     series_family,
 )
 
+from tests.conftest import unavailable
+
 # The issue's list: token drift, duplicate BOS, tokenizer or template changed, analysis dropping,
 # upstream error ratio, proxy down; the server parity probe's issue: the server's tokenizer differs; the bill's
 # issue: the engine processed prompt tokens the usage through the sidecar does not account for.
@@ -110,7 +112,7 @@ def test_every_rule_has_a_firing_and_a_quiet_unit_test(name: str) -> None:
 def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
     promtool = find_tool("promtool")
     if promtool is None:
-        pytest.skip(f"promtool not found; {INSTALL_HINT}")
+        unavailable(f"promtool not found; {INSTALL_HINT}")
     return subprocess.run([promtool, *args], cwd=PROMETHEUS_DIR, capture_output=True, text=True, check=False)
 
 

@@ -29,6 +29,8 @@ from opslib import (
     series_family,
 )
 
+from tests.conftest import unavailable
+
 DS_VARIABLE_NAMES = {"datasource", "prometheus_datasource"}  # the linter accepts either when there is one
 DS_VARIABLE_LABELS = {"Data source", "Prometheus data source"}
 DS_REFS = {"$datasource", "${datasource}"}
@@ -184,7 +186,7 @@ def test_model_filter_on_every_model_metric(dash: dict[str, Any]) -> None:
 def test_target_promql_rule(dash: dict[str, Any]) -> None:
     """Every query parses with Prometheus' own parser (promtool), after Grafana's variable interpolation."""
     if find_tool("promtool") is None:
-        pytest.skip(f"promtool not found; {INSTALL_HINT}")
+        unavailable(f"promtool not found; {INSTALL_HINT}")
     exprs = {f"{q.panel}/{q.ref}": expand(q.expr) for q in dashboard_queries(dash)}
     result = promtool_parse(exprs)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -193,7 +195,7 @@ def test_target_promql_rule(dash: dict[str, Any]) -> None:
 def test_promql_check_rejects_a_bad_query() -> None:
     """The parse check above can fail: a broken query is refused."""
     if find_tool("promtool") is None:
-        pytest.skip(f"promtool not found; {INSTALL_HINT}")
+        unavailable(f"promtool not found; {INSTALL_HINT}")
     result = promtool_parse({"bad": "sum by (model (rate(islwatch_requests_total[1m]))"})
     assert result.returncode != 0
 

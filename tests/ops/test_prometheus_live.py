@@ -25,6 +25,7 @@ import pytest
 import yaml
 from opslib import ALERTS, INSTALL_HINT, alert_rules, dashboard, dashboard_queries, expand, find_tool
 
+from tests.conftest import unavailable
 from tests.eventually import eventually, eventually_async
 
 pytestmark = pytest.mark.prometheus
@@ -204,11 +205,11 @@ def llama_server_parts() -> tuple[str, Path]:
 
     gguf = FIXTURES / "gguf" / GGUF[BILLED_FAMILY]
     if not gguf.is_file() or not (SHARED_TOKENIZERS / BILLED_FAMILY).is_dir():
-        pytest.skip(f"{gguf} or the shared {BILLED_FAMILY} tokenizer is absent")
+        unavailable(f"{gguf} or the shared {BILLED_FAMILY} tokenizer is absent")
     try:
         return find_binary(), gguf
     except BinaryUnavailable as exc:
-        pytest.skip(str(exc))
+        unavailable(str(exc))
 
 
 def start_billed(tmp: Path, procs: list[tuple[subprocess.Popen[bytes], Path]]) -> tuple[str, str, str]:
@@ -237,7 +238,7 @@ def start_billed(tmp: Path, procs: list[tuple[subprocess.Popen[bytes], Path]]) -
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prometheus_bin = find_tool("prometheus")
     if prometheus_bin is None:
-        pytest.skip(f"prometheus not found; {INSTALL_HINT}")
+        unavailable(f"prometheus not found; {INSTALL_HINT}")
     llama_server_parts()  # skip before starting anything
     tmp = tmp_path_factory.mktemp("prometheus-live")
     emu_port, proxy_port, admin_port, prom_port = (free_port() for _ in range(4))

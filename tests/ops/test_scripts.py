@@ -8,6 +8,8 @@ import subprocess
 import pytest
 from opslib import INSTALL_HINT, PROMETHEUS_HOME, REPO, find_tool
 
+from tests.conftest import unavailable
+
 SCRIPTS = [REPO / "scripts" / "install_prometheus.sh", REPO / "scripts" / "check_rules.sh"]
 
 
@@ -20,7 +22,7 @@ def test_bash_syntax(script: os.PathLike[str]) -> None:
 def test_install_is_idempotent() -> None:
     """Run again where it already installed: nothing downloaded, the binaries reported."""
     if not (PROMETHEUS_HOME / "bin" / "prometheus").is_file():
-        pytest.skip(f"prometheus not installed in {PROMETHEUS_HOME}; {INSTALL_HINT}")
+        unavailable(f"prometheus not installed in {PROMETHEUS_HOME}; {INSTALL_HINT}")
     result = subprocess.run(["bash", str(SCRIPTS[0])], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert "already installed" in result.stderr and "downloaded" not in result.stderr
@@ -33,7 +35,7 @@ def test_install_is_idempotent() -> None:
 
 def test_check_rules_passes() -> None:
     if find_tool("promtool") is None:
-        pytest.skip(f"promtool not found; {INSTALL_HINT}")
+        unavailable(f"promtool not found; {INSTALL_HINT}")
     result = subprocess.run(["bash", str(SCRIPTS[1])], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout and "Unit Testing" in result.stdout

@@ -37,7 +37,7 @@ from reliability_peers import (
     tcp_peers,
 )
 
-from tests.conftest import FIXTURES, SHARED_TOKENIZERS
+from tests.conftest import FIXTURES, SHARED_TOKENIZERS, unavailable
 from tests.eventually import eventually
 from tests.interop import llama_server_proc as llama
 from tests.server.helpers import parse_metrics, value
@@ -317,11 +317,11 @@ def test_soak_against_llama_server(tmp_path: Path, llama_server: tuple[str, int]
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
     gguf = FIXTURES / "gguf" / "qwen2.5-instruct-tiny-q8_0.gguf"
     if not gguf.is_file() or not (SHARED_TOKENIZERS / "qwen2.5-instruct").is_dir():
-        pytest.skip(f"the tiny GGUF model or its tokenizer is not present ({gguf})")
+        unavailable(f"the tiny GGUF model or its tokenizer is not present ({gguf})")
     try:
         binary = llama.find_binary()
     except llama.BinaryUnavailable as exc:
-        pytest.skip(str(exc))
+        unavailable(str(exc))
     port = llama.free_port()
     log = tmp_path_factory.mktemp("llama") / "llama-server.log"
     proc = llama.launch(binary, gguf, port, log)  # one slot, one thread: answers are deterministic
