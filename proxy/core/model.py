@@ -91,30 +91,28 @@ class ServedModel:
 
     def count(self, endpoint: str, body: Any, streamed: bool = False) -> CountResult:
         """What the server counts for this request. Never raises but on an islwatch bug (core/count.py)."""
+        result = self._count(endpoint, body, streamed)
+        if self.text_only and result.media_parts:
+            # vllm/multimodal/registry.py: a media part for a model that is not multimodal is a 400
+            why = REFUSES + "media parts for a model that is not multimodal"
+            return uncounted(endpoint, SERVER_REFUSES, why)
+        return result
+
+    def _count(self, endpoint: str, body: Any, streamed: bool) -> CountResult:
         if self.harmony is not None and endpoint in (Endpoint.CHAT, Endpoint.RESPONSES):
             date = server_date(self.settings.harmony_start_date)
-            render = (
-                self.harmony.harmony_chat_ids
-                if endpoint == Endpoint.CHAT
-                else self.harmony.harmony_responses_ids
-            )
-            return self._rendered(endpoint, body, lambda b: render(b, start_date=date))
+            harmony = self.harmony
+            if endpoint == Endpoint.CHAT:
+                return self._rendered(endpoint, body, lambda b: harmony.harmony_chat_ids(b, start_date=date))
+            return self._rendered(endpoint, body, lambda b: harmony.harmony_responses_ids(b, start_date=date))
         if self.mistral is not None and endpoint == Endpoint.CHAT:
             return self._rendered(endpoint, body, self.mistral.chat_ids)
-        if (
-            self.mistral is not None and endpoint == Endpoint.RESPONSES
-        ):  # its chat request, through mistral-common
+        if self.mistral is not None and endpoint == Endpoint.RESPONSES:  # its chat request, through mistral
             mistral = self.mistral
             return self._rendered(endpoint, body, lambda b: mistral.chat_ids(responses_as_chat(b)))
         use_processor = self.processor_encoder is not None and not has_tools(body)
         enc = self.processor_encoder if use_processor and self.processor_encoder else self.encoder
-        result = count_as(self.flavor, enc, endpoint, body, streamed, self.settings, self.model_type)
-        if self.text_only and result.media_parts:
-            # vllm/multimodal/registry.py: a media part for a model that is not multimodal is a 400
-            return uncounted(
-                endpoint, SERVER_REFUSES, REFUSES + "media parts for a model that is not multimodal"
-            )
-        return result
+        return count_as(self.flavor, enc, endpoint, body, streamed, self.settings, self.model_type)
 
     def _rendered(self, endpoint: str, body: Any, ids_of: Callable[[Any], list[int]]) -> CountResult:
         """A renderer that makes the prompt's ids itself (Harmony, mistral-common): the bare count from the
@@ -180,7 +178,15 @@ def load_served_model(
     if renderer == MISTRAL and folder is not None:
         mistral = load_mistral(folder)
         identity = replace(load_mistral_identity(folder, mistral.file), renderer=MISTRAL)
-        return ServedModel(identity, flavor, settings, MISTRAL, MistralEncoder(mistral), mistral=mistral)
+        return ServedModel(
+            identity,
+            flavor,
+            settings,
+            MISTRAL,
+            MistralEncoder(mistral),
+            mistral=mistral,
+            text_only=not _mistral_vision(folder),
+        )
     loaded = load_tokenizer(spec, revision, chat_template_file, trust_remote_code)
     image_model = images or (lambda tok: image_model_for(flavor, tok))
     tok = flavored_tokenizer(loaded.tokenizer, flavor)
@@ -203,6 +209,16 @@ def load_served_model(
         text_only=flavor == "vllm" and _text_model(folder),
         model_type=model_type(folder),
     )
+
+
+def _mistral_vision(folder: Path) -> bool:
+    """A Mistral folder's params.json names its vision encoder (Pixtral, Mistral Small 3.1+), which vLLM's
+    Mistral config reader turns into a multimodal model (`vllm/transformers_utils/configs/mistral.py`)."""
+    try:
+        params = json.loads((folder / "params.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(params, dict) and any(k in params for k in ("vision_encoder", "multimodal"))
 
 
 def _text_model(folder: Path | None) -> bool:
