@@ -2,7 +2,9 @@
 
 Only the tokenizer and the chat template matter to the prompt count; the weights are noise (2 layers,
 hidden 128). Runs in the vLLM venv (it has torch): `python scripts/build_tiny_model.py TOKENIZER_DIR OUT_DIR
-ARCH` with ARCH `qwen2` or `llama`. The tokenizer files are copied verbatim. Writes OUT_DIR atomically.
+ARCH` with ARCH `qwen2`, `qwen3` or `llama`: the architecture and config.json `model_type` the server sees.
+The tokenizer files are copied verbatim, but for a config.json (deepseek-r1's folder carries one): the
+model's own is written. Writes OUT_DIR atomically.
 """
 
 from __future__ import annotations
@@ -19,7 +21,15 @@ def main(argv: list[str]) -> int:
     if (out / "config.json").exists():
         return 0
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        AutoTokenizer,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     tok = AutoTokenizer.from_pretrained(src)
     vocab = max(len(tok), tok.vocab_size)
@@ -39,6 +49,8 @@ def main(argv: list[str]) -> int:
     )
     if arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common))
+    elif arch == "qwen3":  # head_dim is its own field in Qwen3 (128 by default): keep it hidden / heads
+        model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=32))
     elif arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
     else:
@@ -48,7 +60,7 @@ def main(argv: list[str]) -> int:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     for f in src.iterdir():
-        if f.is_file():
+        if f.is_file() and f.name != "config.json":
             shutil.copyfile(f, tmp / f.name)  # verbatim: the server must see the real tokenizer files
     (tmp / "islwatch-tiny.json").write_text(json.dumps({"tokenizer": str(src), "arch": arch}))
     os.replace(tmp, out)
