@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from vllm_proc import (
     FAMILIES,
-    PROBE_FAMILIES,
+    PROBE_SERVER,
+    PROBE_TOKENIZER,
     VllmServer,
     VllmUnavailable,
     find_python,
@@ -48,12 +49,12 @@ def vllm_servers(
     vllm_python: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, VllmServer]]:
     """One chat server per family and one embedding server, all starting at once."""
-    missing = [f for f in (*FAMILIES, *PROBE_FAMILIES) if not (SHARED_TOKENIZERS / f).is_dir()]
+    missing = [f for f in (*FAMILIES, PROBE_TOKENIZER) if not (SHARED_TOKENIZERS / f).is_dir()]
     if missing:
         pytest.skip(f"shared tokenizers not present in {SHARED_TOKENIZERS}: {missing}")
     version = vllm_version(vllm_python)
     logs = tmp_path_factory.mktemp("vllm")
-    wanted = [(f, False) for f in (*FAMILIES, *PROBE_FAMILIES)] + [(EMBED_FAMILY, True)]
+    wanted = [(f, False) for f in FAMILIES] + [(EMBED_FAMILY, True)]
     servers: dict[str, VllmServer] = {}
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
@@ -100,15 +101,15 @@ def background() -> Iterator[Background]:
     bg.close()
 
 
-def start_proxy(bg: Background, server: VllmServer) -> tuple[str, str]:
+def start_proxy(bg: Background, server: VllmServer, tokenizer: str | None = None) -> tuple[str, str]:
     """An islwatch proxy (default vllm flavor) in front of one server, its model mapped to the shared
-    tokenizer folder the tiny model was built around."""
+    tokenizer folder the tiny model was built around (or to `tokenizer`'s)."""
     from proxy.server.app import run_proxy
 
     cfg = proxy_config(
         server.base_url,
         tokenizer="none",
-        model_tokenizers={server.model: str(SHARED_TOKENIZERS / server.family)},
+        model_tokenizers={server.model: str(SHARED_TOKENIZERS / (tokenizer or server.family))},
     )
     url, admin_url, _ = bg.enter(run_proxy(cfg))
     return url, admin_url
@@ -117,6 +118,12 @@ def start_proxy(bg: Background, server: VllmServer) -> tuple[str, str]:
 @pytest.fixture(scope="session")
 def proxies(vllm_servers: dict[str, VllmServer], background: Background) -> dict[str, tuple[str, str]]:
     return {key: start_proxy(background, server) for key, server in vllm_servers.items()}
+
+
+@pytest.fixture(scope="session")
+def mistold_proxy(vllm_servers: dict[str, VllmServer], background: Background) -> tuple[str, str]:
+    """A proxy in front of PROBE_SERVER told the wrong tokenizer, PROBE_TOKENIZER's."""
+    return start_proxy(background, vllm_servers[PROBE_SERVER], PROBE_TOKENIZER)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,14 @@
-"""The server parity probe against real vLLM servers' /tokenize: Qwen2.5 and Llama-3 tokenize as islwatch
-does; DeepSeek-V3's folder loads as another tokenizer class under vLLM's transformers, so its probe fails
-and that family's drift is named `server_tokenizer_differs` instead of `unknown`."""
+"""The server parity probe against real vLLM servers' /tokenize: every served family tokenizes as islwatch
+does. Where the server's tokenizer differs from islwatch's, the probe fails and the drift is named
+`server_tokenizer_differs` instead of `unknown`; that difference comes from the fixture: the Llama 3.1
+server behind a proxy told DeepSeek-V3's tokenizer (vllm_proc.py PROBE_SERVER, PROBE_TOKENIZER), as a stale
+tokenizer in the proxy's config would be.
+
+DeepSeek-V3 itself is not such a case. In its own folder (config.json `model_type: deepseek_v3`) vLLM 0.32's
+transformers (5.19) loads its tokenizer as islwatch's (5.24) does, and the in-process oracle counts its
+requests as islwatch does (tests/vllm_oracle). An earlier fixture served its files in a tiny model typed
+`llama`: 5.19 then loads them as LlamaTokenizer, which encodes otherwise (8 ids for "Return the word READY.",
+6 with the files' own tokenizer); that drift was the fixture's, not DeepSeek's."""
 
 from __future__ import annotations
 
@@ -9,14 +17,13 @@ from typing import Any
 
 import pytest
 from test_vllm_direct import request
-from vllm_proc import VllmServer, post_raw
+from vllm_proc import PROBE_SERVER, PROBE_TOKENIZER, VllmServer, post_raw
 from vllm_shapes import CHAT
 
 from tests.eventually import eventually
 from tests.server.helpers import parse_metrics, value
 
 pytestmark = pytest.mark.vllm
-DEEPSEEK = "deepseek-v3"
 SINGLE_TURN = next(s for s in CHAT if s.name == "single_turn")
 
 
@@ -39,10 +46,10 @@ def test_families_islwatch_tokenizes_alike_pass(vllm: VllmServer, proxied: tuple
 
 
 def test_a_differing_server_tokenizer_is_found_and_named(
-    vllm_servers: dict[str, VllmServer], proxies: dict[str, tuple[str, str]]
+    vllm_servers: dict[str, VllmServer], mistold_proxy: tuple[str, str]
 ) -> None:
-    server = vllm_servers[DEEPSEEK]
-    url, admin_url = proxies[DEEPSEEK]
+    server = vllm_servers[PROBE_SERVER]
+    url, admin_url = mistold_proxy
     assert parity(admin_url, server.model) == 0
     before = metrics(admin_url)
     status, raw = post_raw(url, "/v1/chat/completions", request(SINGLE_TURN, server))
@@ -61,20 +68,21 @@ def test_a_differing_server_tokenizer_is_found_and_named(
     )
 
 
-@pytest.mark.parametrize(("family_name", "code"), [("qwen2.5-instruct", 0), ("deepseek-v3", 1)])
+@pytest.mark.parametrize(("tokenizer", "code"), [(PROBE_SERVER, 0), (PROBE_TOKENIZER, 1)])
 def test_the_release_gate_checks_a_live_server(
-    vllm_servers: dict[str, VllmServer], family_name: str, code: int
+    vllm_servers: dict[str, VllmServer], tokenizer: str, code: int
 ) -> None:
-    """`islwatch parity --server`: exit 0 where the server tokenizes as islwatch does, 1 where it does not."""
+    """`islwatch parity --server`: exit 0 given the server's own tokenizer, 1 given another that tokenizes
+    otherwise."""
     import json
     import subprocess
     import sys
 
     from tests.conftest import REPO, SHARED_TOKENIZERS
 
-    server = vllm_servers[family_name]
+    server = vllm_servers[PROBE_SERVER]
     out = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "parity", "--tokenizer", str(SHARED_TOKENIZERS / family_name),
+        [sys.executable, "-m", "proxy.cli", "parity", "--tokenizer", str(SHARED_TOKENIZERS / tokenizer),
          "--server", server.base_url, "--model", server.model, "--json"],
         capture_output=True, text=True, cwd=REPO, timeout=300,
     )  # fmt: skip
