@@ -214,7 +214,7 @@ def _identity(r: CollectorRegistry) -> dict[str, Any]:
                 "transformers_version",
                 "tokenizer_class",
                 "renderer",
-            ],  # fmt: skip
+            ],
             registry=r,
         ),
         tokenizer_changes=Counter(
