@@ -65,8 +65,13 @@ def oracles(oracle_python: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     missing = [f for f in shared if not (SHARED_TOKENIZERS / f).is_dir()]
     if missing:
         pytest.skip(f"shared tokenizers not present in {SHARED_TOKENIZERS}: {missing}")
-    cache = Path(oracle_python).parents[1] / "oracle-models"  # next to the venv, like its tiny models
-    env = harmony_vocab()
+    venv = Path(oracle_python).parents[1]
+    cache = venv / "oracle-models"  # next to the venv, like its tiny models
+    # Each release its own vLLM cache: vLLM keeps what it inspects of a model class in a file named by the
+    # class, valid for one hash of its source (model_executor/models/registry.py inspect_model_cls). Two
+    # releases sharing ~/.cache/vllm overwrite each other's files, and every start then inspects each
+    # architecture again in a subprocess (20-70 s each on 2 busy cores).
+    env = {**harmony_vocab(), "VLLM_CACHE_ROOT": str(venv / "vllm-cache")}
     logs = tmp_path_factory.mktemp("vllm-oracle")
     folders = {family: model_folder(cache, family, SHARED_TOKENIZERS) for family in FAMILIES}
     count = max(1, min(PROCESSES, len(folders)))
