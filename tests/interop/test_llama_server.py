@@ -15,7 +15,7 @@ import pytest
 from openai import OpenAI
 from tokenizers import Tokenizer
 
-from interop.interop_shapes import CHAT, COMPLETIONS, FIRST_PROMPT, SHAPES, Shape
+from interop.interop_shapes import CHAT, COMPLETIONS, FIRST_PROMPT, SHAPES, VLLM_REFUSES, Shape
 from interop.llama_cpp_model import (
     llama_cpp_chat_count,
     llama_cpp_nonstream_usage,
@@ -23,7 +23,7 @@ from interop.llama_cpp_model import (
     unnormalized,
 )
 from interop.llama_server_proc import LlamaServer
-from proxy.core.count import count_request
+from proxy.core.count import SERVER_REFUSES, count_request
 
 pytestmark = pytest.mark.llama_server
 
@@ -79,6 +79,8 @@ def test_nonstream_prompt_tokens(
         assert ours.expected_server == server, f"islwatch {ours.expected_server} != llama-server {server}"
     else:  # documented in the README (Tested against llama.cpp)#<cause>; if this starts matching, update the docs and the table
         assert ours.expected_server != server, f"documented divergence {cause} no longer happens"
+    if cause == VLLM_REFUSES:  # the default (vLLM) flavor says vLLM answers 400; llama-server answered
+        assert ours.fallback_reason == SERVER_REFUSES, ours
     if shape.endpoint == "completions":
         assert len(resp.choices) == len(ours.prompts)
 

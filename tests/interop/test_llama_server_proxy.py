@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from interop.interop_shapes import FIRST_PROMPT, QWEN, SHAPES, Shape
+from interop.interop_shapes import FIRST_PROMPT, QWEN, SHAPES, VLLM_REFUSES, Shape
 from interop.llama_server_proc import (
     START_DEADLINE_SECONDS,
     LlamaServer,
@@ -27,7 +27,14 @@ from interop.llama_server_proc import (
     launch,
     stop,
 )
-from interop.proxy_proc import Proxy, match_counts, running_proxy, wait_for_analysis
+from interop.proxy_proc import (
+    ANALYSIS_DEADLINE_SECONDS,
+    Proxy,
+    match_counts,
+    running_proxy,
+    scrape,
+    wait_for_analysis,
+)
 from interop.test_llama_server import create, request_body
 from tests.eventually import eventually
 
@@ -50,9 +57,24 @@ def expected_result(shape: Shape, family: str, streamed: bool) -> str:
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
+def refused_count(proxy: Proxy) -> float:
+    key = ("islwatch_bad_requests_total", (("reason", "server_refuses"),))
+    return scrape(proxy).get(key, 0.0)
+
+
 def test_proxied_shape_is_counted(
     proxied_client: OpenAI, llama_proxy: Proxy, family: str, shape: Shape
 ) -> None:
+    if shape.diverges.get(family) == VLLM_REFUSES:  # the default flavor says vLLM refuses: counted as such
+        before_refused = refused_count(llama_proxy)
+        assert create(proxied_client, shape).usage is not None  # llama-server answers; relayed as it is
+        eventually(
+            lambda: refused_count(llama_proxy),
+            until=lambda n: n >= before_refused + 1,
+            timeout=ANALYSIS_DEADLINE_SECONDS,
+            what="a server_refuses count",
+        )
+        return
     before = match_counts(llama_proxy, shape.endpoint)
     resp = create(proxied_client, shape)
     assert resp.usage is not None
