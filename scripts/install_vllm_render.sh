@@ -8,7 +8,7 @@
 #   by their markers) less the GPU-only ones (kernels, CUDA bindings, GPU weight loaders, video decoders);
 # - torch as this machine's local CPU wheel (2.13.0+cpu, pip takes it from /opt/wheels), not the CUDA
 #   build vllm pins: preprocessing never runs a kernel; torchvision/torchaudio/torchcodec not at all.
-# A cold install is ~2.7 GB and ~11 minutes on 2 cores shared with other work.
+# A cold install is 2.7 GB and 5-11 minutes on 2 cores shared with other work (5 with pip's cache warm).
 set -euo pipefail
 VERSION="${VLLM_RENDER_VERSION:-0.33.0}"
 TORCH="${VLLM_RENDER_TORCH:-2.13.0}"
