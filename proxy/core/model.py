@@ -206,7 +206,9 @@ def load_served_model(
         processor_encoder=processor[0] if processor else None,
         tokenizer=tok,
         harmony=harmony,
-        text_only=flavor == "vllm" and _text_model(folder),
+        # Harmony builds gpt-oss's prompt from the text alone and never asks the multimodal registry
+        # (online_renderer.py _make_request_with_harmony): media parts are not refused there.
+        text_only=flavor == "vllm" and renderer != HARMONY and _text_model(folder),
         model_type=model_type(folder),
     )
 
