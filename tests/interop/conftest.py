@@ -1,4 +1,6 @@
-"""Session fixtures: one real llama-server per tiny GGUF model, started once and stopped at the end.
+"""Session fixtures: one real llama-server per tiny GGUF model, started once and stopped at the end: the two
+shared fixtures (Qwen2.5, Llama-3: `family`) and the two built from shared tokenizers (Qwen3, gpt-oss:
+`modern_family`, test_llama_server_modern.py).
 
 Skips (with the reason) only when llama-server is absent and the build script cannot build it, or when the
 shared models / tokenizers are not present. A server that fails to start is a failure, not a skip.
@@ -14,10 +16,12 @@ from typing import Any
 import pytest
 
 from interop.llama_server_proc import (
+    BUILT_GGUF,
     GGUF,
     BinaryUnavailable,
     LlamaServer,
     binary_version,
+    build_gguf,
     find_binary,
     free_port,
     launch,
@@ -25,8 +29,10 @@ from interop.llama_server_proc import (
     wait_healthy,
 )
 from interop.proxy_proc import Proxy, running_proxy
+from proxy.core.model import ServedModel, load_served_model
 
 FAMILIES = list(GGUF)
+MODERN_FAMILIES = list(BUILT_GGUF)
 ROOT_CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 
 
@@ -65,6 +71,51 @@ def llama_servers(
     finally:
         for proc in procs.values():
             stop(proc)
+
+
+@pytest.fixture(scope="session")
+def modern_servers(
+    request: pytest.FixtureRequest, llama_server_binary: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, LlamaServer]]:
+    """Qwen3 and gpt-oss: tiny GGUFs built from the shared tokenizers (scripts/build_tiny_gguf.sh, cached),
+    each served by its own llama-server, loading in parallel."""
+    root = _root_conftest(request)
+    try:
+        ggufs = {f: build_gguf(root.shared_dir(f), arch) for f, arch in BUILT_GGUF.items()}
+    except BinaryUnavailable as exc:
+        root.unavailable(str(exc))
+    version = binary_version(llama_server_binary)
+    logs = tmp_path_factory.mktemp("llama-server-modern")
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    servers: dict[str, LlamaServer] = {}
+    try:
+        for family, gguf in ggufs.items():
+            port = free_port()
+            log_path = logs / f"{family}.log"
+            procs[family] = launch(llama_server_binary, gguf, port, log_path)
+            servers[family] = LlamaServer(family, gguf, port, log_path, version)
+        for family, server in servers.items():
+            wait_healthy(procs[family], server.base_url, server.log_path)
+        yield servers
+    finally:
+        for proc in procs.values():
+            stop(proc)
+
+
+@pytest.fixture(scope="session", params=MODERN_FAMILIES)
+def modern_family(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def modern_server(modern_servers: dict[str, LlamaServer], modern_family: str) -> LlamaServer:
+    return modern_servers[modern_family]
+
+
+@pytest.fixture(scope="session")
+def modern_model(request: pytest.FixtureRequest, modern_family: str) -> ServedModel:
+    """islwatch's model of the same server: the shared tokenizer folder under `--server-flavor llama.cpp`."""
+    return load_served_model(str(_root_conftest(request).shared_dir(modern_family)), "llama.cpp")
 
 
 @pytest.fixture(scope="session", params=FAMILIES)

@@ -19,18 +19,24 @@ from tests.eventually import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build_llama_server.sh"
+GGUF_SCRIPT = REPO / "scripts" / "build_tiny_gguf.sh"
 ENV_BINARY = "ISLWATCH_LLAMA_SERVER"
 # family (folder in ../shared/tokenizers) -> tiny model in ../shared/fixtures/gguf
 GGUF = {
     "qwen2.5-instruct": "qwen2.5-instruct-tiny-q8_0.gguf",
     "llama-3-8b-instruct": "llama-3-8b-instruct-tiny-q8_0.gguf",
 }
+# Modern families: family (folder in ../shared/tokenizers) -> architecture of the tiny random-weight GGUF that
+# scripts/build_tiny_gguf.sh builds around it with llama.cpp's own convert_hf_to_gguf.py (cached, keyed by the
+# tokenizer's content).
+BUILT_GGUF = {"qwen3": "qwen3", "gpt-oss": "gpt_oss"}
 # A guard against a hung server, not a timing assertion: loading a tiny model takes about a second.
 START_DEADLINE_SECONDS = 120.0
 
 
 class BinaryUnavailable(RuntimeError):
-    """llama-server is absent and the build script could not produce it (the only reason to skip)."""
+    """llama-server (or a tiny GGUF) is absent and its build script could not produce it (the only reason
+    to skip)."""
 
 
 class ServerFailed(RuntimeError):
@@ -63,6 +69,18 @@ def find_binary() -> str:
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
         raise BinaryUnavailable(f"llama-server is not built and {BUILD_SCRIPT.name} failed: {tail}")
     return lines[-1]
+
+
+def build_gguf(tokenizer_dir: Path, arch: str) -> Path:
+    """The tiny GGUF of a modern family: built once by the script (~3 minutes on 2 cores), then reused."""
+    proc = subprocess.run(
+        ["bash", str(GGUF_SCRIPT), str(tokenizer_dir), arch], capture_output=True, text=True, check=False
+    )
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines or not Path(lines[-1]).is_file():
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+        raise BinaryUnavailable(f"no tiny {arch} GGUF: {GGUF_SCRIPT.name} failed: {tail}")
+    return Path(lines[-1])
 
 
 def binary_version(binary: str) -> str:
