@@ -183,6 +183,11 @@ RULES: list[ModernShape] = [
     ),
     ModernShape("user_without_content", {"messages": [{"role": "user"}]}, status=400),
     ModernShape(
+        "assistant_without_content_or_tool_calls",
+        {"messages": [user("Hi"), {"role": "assistant"}, user("ok")]},
+        status=400,
+    ),
+    ModernShape(
         "continue_with_generation_prompt",
         {"messages": [user("Hi"), assistant("Hel")], "continue_final_message": True},
         status=400,
