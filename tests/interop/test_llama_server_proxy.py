@@ -56,12 +56,12 @@ def expected_result(shape: Shape, family: str, streamed: bool) -> str:
     return "mismatch"
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
 def refused_count(proxy: Proxy) -> float:
     key = ("islwatch_bad_requests_total", (("reason", "server_refuses"),))
     return scrape(proxy).get(key, 0.0)
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
 def test_proxied_shape_is_counted(
     proxied_client: OpenAI, llama_proxy: Proxy, family: str, shape: Shape
 ) -> None:
