@@ -68,6 +68,16 @@ def shared_tok(shared_family: str) -> Any:
     return load_shared(shared_family).tokenizer
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """One test folder after another, each in the order pytest chose for it. pytest groups tests by the params
+    of session fixtures, and the `family` of interop, sglang_server, vllm_oracle and vllm_server share values:
+    folders interleave, and every folder's servers are up at once (SGLang's nine oracle processes beside the
+    four live vLLM servers: a vLLM server was killed by the kernel's OOM killer on this 23 GB machine).
+    Grouped, tests/lifetimes.py stops each folder's servers before the next folder starts its own."""
+    items.sort(key=lambda item: item.path.resolve().parent.as_posix())
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     note_order([(item.nodeid, item.path) for item in session.items])
 
