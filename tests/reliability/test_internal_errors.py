@@ -65,11 +65,11 @@ def sample(metrics: Metrics, name: str, **labels: str) -> float:
 def test_a_bug_while_counting_is_an_analysis_error_not_a_fallback(
     analyzer: Analyzer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    tok = analyzer.entries[DEFAULT_KEY].loaded.tokenizer
-    encoder = FastEncoder(tok)
+    model = analyzer.entries[DEFAULT_KEY].model
+    encoder = FastEncoder(model.tokenizer)
     assert encoder.direct_proven
     encoder._backend = None  # the private tokenizer copy lost: every uncached encode fails an assertion
-    bad = broken(analyzer, encoder=encoder)
+    bad = broken(analyzer, model=dataclasses.replace(model, encoder=encoder))
     outcomes = [bad.analyze(job()) for _ in range(5)]
     assert {(o.error_stage, o.fallback_reason, o.match) for o in outcomes} == {("count", None, None)}
     assert outcomes[0].detail is not None and outcomes[0].detail.startswith(
