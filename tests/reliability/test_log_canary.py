@@ -139,7 +139,10 @@ MALFORMED = len(malformed_heads()) * REPEATS + 2
 async def settled_metrics(admin_url: str) -> dict[object, float]:
     def done(m: dict[object, float]) -> bool:
         return value(m, "islwatch_analysis_queue_depth") == 0 and (
-            value(m, "islwatch_bad_requests_total", reason="not_a_request") >= 2
+            # one canary body is a request vLLM refuses (counted as server_refuses), one is no request
+            value(m, "islwatch_bad_requests_total", reason="not_a_request")
+            + value(m, "islwatch_bad_requests_total", reason="server_refuses")
+            >= 2
         )
 
     async with aiohttp.ClientSession() as s:
