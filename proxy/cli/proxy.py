@@ -55,6 +55,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     a("--dump-max", type=int, help="keep at most N dump files, oldest deleted first (default 100)")
     a("--upstream-timeout-seconds", type=float, help="max wait for the upstream's next bytes (default 600)")
+    a("--upstream-max-field-bytes", type=int,
+      help="longest upstream response status line, field name or value relayed (default 65536)")  # fmt: skip
+    a("--upstream-max-header-fields", type=int,
+      help="most fields in an upstream response head relayed (default 1024)")  # fmt: skip
     a("--header-timeout-seconds", type=float,
       help="a request head must be complete this long after its first byte (default 30)")  # fmt: skip
     a("--body-timeout-seconds", type=float, help="longest pause between request body bytes (default 60)")
@@ -85,6 +89,7 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
             "server_probe_interval_seconds", "upstream_metrics_url", "upstream_metrics_interval_seconds",
             "header_timeout_seconds", "body_timeout_seconds", "idle_timeout_seconds", "max_connections",
             "default_chat_template_kwargs", "harmony_start_date", "tokenizer_mode",
+            "upstream_max_field_bytes", "upstream_max_header_fields",
         )
     }  # fmt: skip
     if getattr(args, "model_tokenizer", None):

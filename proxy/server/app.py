@@ -32,7 +32,7 @@ from proxy.server.pooled import PoolMarkingConnector
 from proxy.server.problems import ProblemLog
 from proxy.server.records import DEFAULT_KEY, AnalysisSpec
 from proxy.server.server_probe import ServerProbe
-from proxy.server.upstream import KEEPALIVE_SECONDS
+from proxy.server.upstream import KEEPALIVE_SECONDS, HeadLimits
 
 log = logging.getLogger("islwatch.proxy")
 
@@ -98,7 +98,8 @@ def build_apps(
 
     traffic = web.Application(client_max_size=config.max_body_bytes)
     traffic[CONTEXT] = context
-    traffic.cleanup_ctx.append(upstream_session(config.upstream_timeout_seconds))
+    limits = HeadLimits(config.upstream_max_field_bytes, config.upstream_max_header_fields)
+    traffic.cleanup_ctx.append(upstream_session(config.upstream_timeout_seconds, limits))
     traffic.cleanup_ctx.append(analysis_pool)
     if config.upstream_metrics_url:
         interval = config.upstream_metrics_interval_seconds
@@ -111,7 +112,9 @@ def build_apps(
     return traffic, build_admin(pool, metrics, health, probe)
 
 
-def upstream_session(timeout_seconds: float) -> Callable[[web.Application], AsyncIterator[None]]:
+def upstream_session(
+    timeout_seconds: float, limits: HeadLimits
+) -> Callable[[web.Application], AsyncIterator[None]]:
     """The shared upstream ClientSession, owned by the traffic app's cleanup_ctx."""
     timeout = aiohttp.ClientTimeout(
         total=None,
@@ -126,6 +129,9 @@ def upstream_session(timeout_seconds: float) -> Callable[[web.Application], Asyn
             auto_decompress=False,  # relay compressed bytes as they are
             cookie_jar=aiohttp.DummyCookieJar(),  # never carry one client's cookies to another's request
             trust_env=False,  # the upstream is the configured URL, not whatever HTTP_PROXY says
+            max_line_size=limits.max_field_bytes,  # the status line
+            max_field_size=limits.max_field_bytes,
+            max_headers=limits.max_fields,
         )
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:

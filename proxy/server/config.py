@@ -60,11 +60,17 @@ class ProxyConfig(BaseModel):
     # and analyses drop (counted) instead of traffic waiting; 0 runs them at the same priority.
     analysis_nice: int = Field(default=10, ge=0, le=19)
     inject_stream_usage: bool = False
-    # Which server's request preparation to predict (proxy/core/flavor.py): vLLM, SGLang or llama-server.
+    # Which server's request preparation to predict (proxy/core/flavors/): vLLM, SGLang or llama-server.
     server_flavor: ServerFlavor = "vllm"
     dump_mismatches: str | None = None
     dump_max: int = Field(default=100, ge=1)
     upstream_timeout_seconds: float = Field(default=600.0, gt=0)
+    # The largest upstream response head relayed (upstream.py HeadLimits): a status line, field name or value
+    # of up to this many bytes, and this many fields. Above nginx's large buffers (4 x 8 KiB for a whole
+    # head) and what vLLM, SGLang and llama-server send (a handful of short fields); past it, a 502 counted
+    # as islwatch_upstream_errors_total{kind="head_too_large"}.
+    upstream_max_field_bytes: int = Field(default=64 * 1024, ge=1024)
+    upstream_max_header_fields: int = Field(default=1024, ge=16)
     # The traffic port's clients (proxy/server/guard.py): a request head must be complete this long after
     # its first byte, a body may pause this long between bytes, an idle keep-alive connection (or one that
     # sends nothing) is closed after this long (nginx: client_header_timeout, client_body_timeout 60 s,

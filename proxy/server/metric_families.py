@@ -38,7 +38,12 @@ BAD_REQUEST_REASONS = (
     "malformed_head",  # the HTTP request head does not parse: answered 400 by the proxy (guard.ServerLog)
     "malformed_body",  # the body's framing breaks (a chunk size that is not hex...): connection closed
 )
-UPSTREAM_ERROR_KINDS = ("connect", "timeout", "reset", "status_5xx")
+UPSTREAM_ERROR_KINDS = ("connect", "timeout", "reset", "head_too_large", "status_5xx")
+# --inject-stream-usage, per analysed streaming request that did not ask for usage (inspect.py, relay.py):
+# asked upstream and the usage-only event taken out again, asked but none came back, asked but the answer
+# came compressed (relayed as sent: the proxy cannot edit it), or not asked because the client accepts a
+# compressed answer or its body already holds stream_options (its stream could not be restored exactly).
+INJECTION_RESULTS = ("stripped", "not_found", "compressed", "skipped_encoding", "skipped_options")
 # Client connections the proxy closed (proxy/server/guard.py).
 CUT_REASONS = ("header_timeout", "body_timeout", "connection_cap")
 # Requests whose client went away (handler.py): while its body was read, before the upstream's answer
@@ -67,6 +72,12 @@ def _traffic(r: CollectorRegistry) -> dict[str, Any]:
         ),
         upstream_errors=Counter(
             "islwatch_upstream_errors", "Upstream failures by kind", ["kind"], registry=r
+        ),
+        stream_usage_injections=Counter(
+            "islwatch_stream_usage_injections",
+            "Streams --inject-stream-usage asked usage for (or left alone), by result",
+            ["result"],
+            registry=r,
         ),
         upstream_retries=Counter(
             "islwatch_upstream_retries",

@@ -267,7 +267,10 @@ class Processes:
         if lost:
             self.on_lost(lost)
         expected = worker.retiring or self.closing
-        was_loaded = worker.ready.done() and worker.ready.exception() is None
+        # `ready` is cancelled when the start that awaited it was (a port already in use stops the start-up
+        # while workers load): `.exception()` would raise CancelledError here, in a pipe callback.
+        ready = worker.ready
+        was_loaded = ready.done() and not ready.cancelled() and ready.exception() is None
         if not expected:  # said at once (the exit code follows once it is reaped)
             self.last_exit = _exit_text(worker.index, None, was_loaded)
         if not worker.ready.done():

@@ -8,11 +8,13 @@ status the client gets when no upstream response exists (`FAILURE_STATUS`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from yarl import URL
 
 from proxy.server.headers import decoded, for_client, keep_received_bytes
@@ -35,17 +37,19 @@ HOP_BY_HOP = frozenset(
 # the client sent.
 SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 # The proxy's own answer when no upstream response exists (RFC 9110 15.6.3 and 15.6.5).
-FAILURE_STATUS = {"connect": 502, "reset": 502, "timeout": 504}
+FAILURE_STATUS = {"connect": 502, "reset": 502, "timeout": 504, "head_too_large": 502}
 # Idle pooled connections are dropped after this long: below the 5 s keep-alive of cpp-httplib
 # (llama-server) and uvicorn (vLLM, SGLang), so the pool does not hand out one the server is closing.
 KEEPALIVE_SECONDS = 4.0
 
 
 def failure_kind(exc: BaseException) -> str | None:
-    """connect | timeout | reset for a failure of the upstream call; None for anything else (a client that
-    went away raises ConnectionResetError while we write to it: not the upstream's failure)."""
+    """connect | timeout | reset | head_too_large for a failure of the upstream call; None for anything else
+    (a client that went away raises ConnectionResetError while we write to it: not the upstream's failure)."""
     if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.InvalidURL):
         return "connect"
+    if isinstance(exc, aiohttp.ClientResponseError) and head_too_large(exc.__cause__):
+        return "head_too_large"
     if isinstance(exc, TimeoutError):
         return "timeout"
     if isinstance(exc, ConnectionResetError):
@@ -53,6 +57,30 @@ def failure_kind(exc: BaseException) -> str | None:
     if isinstance(exc, aiohttp.ClientError):  # ServerDisconnected, ClientOSError, ClientPayloadError...
         return "reset"
     return None
+
+
+def head_too_large(cause: BaseException | None) -> bool:
+    """The upstream's head is past the client's limits (`HeadLimits`): a status line or field longer than
+    max_line_size / max_field_size raises LineTooLong, more fields than max_headers a BadHttpMessage with
+    this message (aiohttp 3.14 `_http_parser.pyx` `cb_on_header_field`, `http_parser.py` `parse_headers`).
+    ResponseHandler.data_received copies it into a new HttpProcessingError caused by it, and
+    ClientResponse.start raises a ClientResponseError from that: the parser's error is a cause or two down."""
+    for _ in range(3):
+        if isinstance(cause, LineTooLong) or (
+            isinstance(cause, BadHttpMessage) and "Too many headers" in cause.message
+        ):
+            return True
+        cause = cause.__cause__ if cause is not None else None
+    return False
+
+
+@dataclass(frozen=True)
+class HeadLimits:
+    """What the upstream client accepts of a response head (aiohttp's defaults are 8,190 bytes a line or
+    field and 128 fields, below what curl, httpx or a browser accept; curl takes 100 KiB a field)."""
+
+    max_field_bytes: int  # a status line, a field name, a field value
+    max_fields: int
 
 
 class UpstreamFailed(Exception):
@@ -106,11 +134,15 @@ async def open_upstream(
             if attempt == 1 and retryable(exc, pooled(), data):
                 on_retry()
                 continue
-            detail = (
-                "no response within upstream_timeout_seconds" if kind == "timeout" else type(exc).__name__
-            )
+            detail = _DETAILS.get(kind, type(exc).__name__)
             raise UpstreamFailed(kind, detail) from exc
     raise AssertionError("unreachable")
+
+
+_DETAILS = {
+    "timeout": "no response within upstream_timeout_seconds",
+    "head_too_large": "a response head past upstream_max_field_bytes or upstream_max_header_fields",
+}
 
 
 def error_response(exc: UpstreamFailed) -> web.Response:
