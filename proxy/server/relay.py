@@ -67,9 +67,21 @@ class RelayedResponse(web.StreamResponse):
 
     async def _prepare_headers(self) -> None:
         absent = [name for name in self._ADDED if name not in self.headers]
+        sent = list(self.headers.items()) if self.status == 304 else None
         await super()._prepare_headers()
         for name in absent:
             self.headers.popall(name, None)
+        if sent is not None and any(name.lower() == "content-length" for name, _ in sent):
+            self._keep_length(sent)
+
+    def _keep_length(self, sent: list[tuple[str, str]]) -> None:
+        """A 304's Content-Length is the length of the 200 it stands for (RFC 9110 8.6: a server may send
+        it; caches read it), but aiohttp drops it from every 1xx, 204 and 304 (`should_remove_content_length`).
+        The upstream's fields go back in their order; what aiohttp added (Date, Connection) after them."""
+        names = {name.lower() for name, _ in sent}
+        added = [(name, value) for name, value in self.headers.items() if name.lower() not in names]
+        self.headers.clear()
+        self.headers.extend(sent + added)
 
 
 def client_response(upstream: aiohttp.ClientResponse, injected: bool) -> web.StreamResponse:
