@@ -6,10 +6,16 @@ a connection opens, so one that never completes a head is closed then too) but h
 deadline and no connection cap, and it logs a malformed request as an ERROR with a traceback that quotes the
 raw bytes (`web_protocol.RequestHandler.handle_error`). So, around aiohttp's own RequestHandler:
 
-- `Guard` is the listening socket's protocol factory. Past `max_connections` open connections a new one is
-  closed as soon as it is accepted; every other one is aiohttp's RequestHandler behind `_Guarded`, which
-  forwards each protocol call and closes the connection when a request head that began arriving is not
-  complete `header_timeout` seconds later (Node's `headersTimeout`, nginx's `client_header_timeout`).
+- `Guard` is the listening socket's protocol factory. Every connection is aiohttp's RequestHandler behind
+  `_Guarded`, which forwards each protocol call and closes the connection when a request head is not
+  complete `header_timeout` seconds after the connection was accepted, or after the first byte of a later
+  head on a kept-alive connection (nginx's `client_header_timeout` runs from the accept,
+  ngx_http_init_connection; HAProxy's `timeout http-request` bounds the whole head): bytes that keep coming
+  do not extend it. At `max_connections` open connections, the one that has waited longest for a request
+  head (never sent one, sent part of one, or idle between requests) is closed to admit the new one, as
+  nginx reuses its idle keep-alive connections when out of them (`ngx_drain_connections`); only when every
+  open connection is inside a request is the new one closed as soon as it is accepted. So slow or idle
+  sockets cannot hold the cap against clients that send a request.
 - `body_chunks` reads a request body with a deadline per read (nginx's `client_body_timeout`).
 - `ServerLog` stands in for aiohttp's `aiohttp.server` logger: each problem counted, one throttled line
   naming the exception's class, never its message.
@@ -52,6 +58,10 @@ class Guard:
         self.metrics = metrics
         self.problems = problems
         self.open = 0
+        # Admitted connections waiting for a request head, the longest-waiting first (dicts keep insertion
+        # order): accepted and not yet in a request, or idle after one. The handler takes a connection out
+        # when its head is complete and puts it back at the end when its request is done.
+        self.waiting: dict[_Guarded, None] = {}
         # Made in the serving loop. Kept: Python 3.11's get_running_loop makes a getpid() system call on
         # every call (strace: one of the three per request), and each head starts a timer on this loop.
         self.loop = asyncio.get_running_loop()
@@ -80,21 +90,34 @@ class _Guarded(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard = self._guard
-        if guard.open >= guard.limits.max_connections:
+        if guard.open >= guard.limits.max_connections and not self._evict_one():
             guard.cut(
-                "connection_cap", "%d client connections open (max_connections): one more closed", guard.open
-            )
+                "connection_cap", "%d client connections open (max_connections), each in a request: one "
+                "more closed", guard.open,
+            )  # fmt: skip
             transport.close()  # nothing was read or written: the client sees the connection closed
             return
         self._admitted = True
         guard.opened(1)
+        guard.waiting[self] = None
+        self._start_head_timer()  # the first head's deadline runs from the accept, bytes or none
         self._handler.connection_made(transport)
+
+    def _evict_one(self) -> bool:
+        """Close the connection that has waited longest for a request head; False when none waits."""
+        guard = self._guard
+        oldest = next(iter(guard.waiting), None)
+        if oldest is None:
+            return False
+        guard.cut("evicted", "max_connections reached: the connection waiting longest for a head closed")
+        oldest._close()
+        return True
 
     def data_received(self, data: bytes) -> None:
         if not self._admitted:
             return
         if self._head_timer is None and not self._in_request:  # the first bytes of a head
-            self._head_timer = self._guard.loop.call_later(self._guard.limits.header_timeout, self._head_late)
+            self._start_head_timer()
         self._handler.data_received(data)
 
     def eof_received(self) -> None:  # RequestHandler's: None, the transport closes itself
@@ -110,7 +133,9 @@ class _Guarded(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._admitted:
             return
+        self._admitted = False  # connection_lost comes once; an evicted connection's close may call it late
         self._stop_head_timer()
+        self._guard.waiting.pop(self, None)
         self._guard.opened(-1)
         self._handler.connection_lost(exc)
 
@@ -119,11 +144,17 @@ class _Guarded(asyncio.Protocol):
     def head_received(self) -> None:
         self._stop_head_timer()
         self._in_request = True
+        self._guard.waiting.pop(self, None)
 
     def request_done(self) -> None:
         # The next head's deadline starts with its first byte. Bytes of it that arrived during this request
         # (pipelining) are bounded by aiohttp's keep-alive timer, which closes a connection still waiting.
         self._in_request = False
+        if self._admitted:
+            self._guard.waiting[self] = None  # the newest to wait: evicted last
+
+    def _start_head_timer(self) -> None:
+        self._head_timer = self._guard.loop.call_later(self._guard.limits.header_timeout, self._head_late)
 
     def _stop_head_timer(self) -> None:
         if self._head_timer is not None:
@@ -134,6 +165,12 @@ class _Guarded(asyncio.Protocol):
         self._head_timer = None
         limit = self._guard.limits.header_timeout
         self._guard.cut("header_timeout", "a request head unfinished after %gs: connection closed", limit)
+        self._close()
+
+    def _close(self) -> None:
+        """Close at once, out of the waiting list now: the next eviction picks another before connection_lost."""
+        self._stop_head_timer()
+        self._guard.waiting.pop(self, None)
         self._handler.force_close()
 
 

@@ -45,7 +45,7 @@ UPSTREAM_ERROR_KINDS = ("connect", "timeout", "reset", "head_too_large", "status
 # compressed answer or its body already holds stream_options (its stream could not be restored exactly).
 INJECTION_RESULTS = ("stripped", "not_found", "compressed", "skipped_encoding", "skipped_options")
 # Client connections the proxy closed (proxy/server/guard.py).
-CUT_REASONS = ("header_timeout", "body_timeout", "connection_cap")
+CUT_REASONS = ("header_timeout", "body_timeout", "evicted", "connection_cap")
 # Requests whose client went away (handler.py): while its body was read, before the upstream's answer
 # began, or while the answer was relayed.
 DISCONNECT_STAGES = ("request", "upstream", "response")

@@ -162,32 +162,73 @@ async def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() 
         assert value(m, "islwatch_client_connections") == 0
 
 
-async def test_connections_past_the_cap_are_closed_and_counted_while_the_others_work() -> None:
+async def test_connections_past_the_cap_are_closed_when_every_one_is_in_a_request() -> None:
+    """At the cap with every connection inside a request (the origin holds them), a new connection is
+    closed when accepted: nothing waits for a head that could make room."""
     cap = 4
-    async with proxy(max_connections=cap) as (urls, _):
+    async with proxy(max_connections=cap) as (urls, origin):
+        origin.hold = True
         conns = [await asyncio.open_connection("127.0.0.1", port_of(urls)) for _ in range(cap)]
-        await until_metrics(urls, lambda m: value(m, "islwatch_client_connections") == cap)
-        extra, extra_writer = await asyncio.open_connection(
-            "127.0.0.1", port_of(urls)
-        )  # accepted, then closed
+        for _, writer in conns:
+            writer.write(GET)
+        await eventually_async(lambda: len(origin.held), until=lambda n: n == cap, what="all held upstream")
+        extra, extra_writer = await asyncio.open_connection("127.0.0.1", port_of(urls))  # accepted, closed
         extra_writer.write(GET)
         assert await closed_by_proxy(extra) == b""
         extra_writer.close()
         m = await metrics(urls)
-        assert cut(m, "connection_cap") == 1 and value(m, "islwatch_client_connections") == cap
-        for reader, writer in conns:  # the connections already open are served, twice each
-            for _ in range(2):
-                writer.write(GET)
-                assert (await response(reader))[0] == 200
-        conns[0][1].close()
-        await until_metrics(urls, lambda m: value(m, "islwatch_client_connections") == cap - 1)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(urls))  # room again
-        writer.write(GET)
-        assert (await response(reader))[0] == 200
-        for _, w in [*conns[1:], (reader, writer)]:
-            w.close()
+        assert cut(m, "connection_cap") == 1 and cut(m, "evicted") == 0
+        assert value(m, "islwatch_client_connections") == cap
+        origin.release()
+        for reader, writer in conns:  # the connections inside a request are answered, and serve again
+            assert (await response(reader))[0] == 200
+            writer.write(GET)
+            assert (await response(reader))[0] == 200
+        for _, writer in conns:
+            writer.close()
         await eventually_async(
             lambda: metrics(urls),
             until=lambda m: value(m, "islwatch_client_connections") == 0,
             what="every connection closed",
         )
+
+
+async def test_at_the_cap_the_connection_waiting_longest_for_a_head_makes_room() -> None:
+    """Connections that sent nothing, part of a head, or sit idle after a request are closed oldest first
+    to admit new ones; the connection inside a request is never chosen."""
+    cap = 4
+    async with proxy(max_connections=cap) as (urls, origin):
+        busy_reader, busy_writer = await asyncio.open_connection("127.0.0.1", port_of(urls))
+        busy_writer.write(GET)
+        assert (await response(busy_reader))[0] == 200  # now idle after a request: the newest waiting
+        origin.hold = True
+        busy_writer.write(GET)  # inside a request from here on
+        await eventually_async(lambda: len(origin.held), until=lambda n: n == 1, what="held upstream")
+        silent = await asyncio.open_connection("127.0.0.1", port_of(urls))
+        half = await asyncio.open_connection("127.0.0.1", port_of(urls))
+        half[1].write(HALF_HEAD)
+        third = await asyncio.open_connection("127.0.0.1", port_of(urls))
+        await until_metrics(urls, lambda m: value(m, "islwatch_client_connections") == cap)
+        origin.release()
+        clients = []
+        for oldest in (silent, half):  # each new client evicts the longest-waiting one
+            reader, writer = await asyncio.open_connection("127.0.0.1", port_of(urls))
+            clients.append((reader, writer))  # kept open: the proxy stays at its cap
+            writer.write(GET)
+            assert await closed_by_proxy(oldest[0]) == b""
+            assert (await response(reader))[0] == 200
+        assert (await response(busy_reader))[0] == 200  # the request in flight went on
+        assert cut(await metrics(urls), "evicted") == 2
+        assert cut(await metrics(urls), "connection_cap") == 0
+        for _, writer in (silent, half, third, (busy_reader, busy_writer), *clients):
+            writer.close()
+
+
+async def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout() -> None:
+    """The first head's deadline runs from the accept: a socket that never sends a byte does not wait for
+    the idle timeout."""
+    async with proxy(header_timeout_seconds=SHORT) as (urls, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(urls))
+        assert await closed_by_proxy(reader) == b""
+        writer.close()
+        assert cut(await metrics(urls), "header_timeout") == 1
