@@ -14,7 +14,7 @@ from typing import Any
 import tokenizers
 import transformers
 
-from loadgen.corpus import WORDS
+from loadgen.workload.corpus import WORDS
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent

@@ -38,7 +38,7 @@ from typing import Any
 from bench._common import REPO, SHARED_TOKENIZERS, machine, pct, write_result
 from bench.proxy_overhead import free_port, start
 from bench.report import HELD, aiperf_section, write_latest
-from loadgen import proxymetrics
+from loadgen.send import proxy_metrics
 
 AIPERF = Path(os.environ.get("ISLWATCH_CACHE", Path.home() / ".cache/islwatch")) / "aiperf-0.13/bin/aiperf"
 TOOLS = ("aiperf", "aiperf --apply-chat-template", "islwatch")
@@ -127,11 +127,11 @@ def stack_for(stack: ExitStack, tok: str) -> tuple[str, str]:
     return f"http://{prx}", f"http://{adm}/metrics"
 
 
-def proxy_mean_server(metrics: str, before: proxymetrics.Counts | None) -> float | None:
-    after = proxymetrics.scrape(metrics)
+def proxy_mean_server(metrics: str, before: proxy_metrics.Counts | None) -> float | None:
+    after = proxy_metrics.scrape(metrics)
     if before is None or after is None:
         return None
-    d = proxymetrics.diff(before, after)
+    d = proxy_metrics.diff(before, after)
     n = d.get("islwatch_isl_tokens_count", {}).get("server", 0.0)
     return d.get("islwatch_isl_tokens_sum", {}).get("server", 0.0) / n if n else None
 
@@ -148,7 +148,7 @@ def measure(args: argparse.Namespace, binary: str, tmp: Path) -> dict[str, Any]:
                                         if args.system_prompt and family not in NO_SYSTEM else [])  # fmt: skip
             for shape, system in shapes:
                 for tool in TOOLS:
-                    before = proxymetrics.scrape(metrics)
+                    before = proxy_metrics.scrape(metrics)
                     if tool == "islwatch":
                         extra = ["--shared-system-prompt-length", str(system)] if system else []
                         rows = run_islwatch(url, tok, args.isl, args.osl, closed + extra, tmp)

@@ -11,11 +11,10 @@ import json
 import os
 from pathlib import Path
 
+from loadgen.cli_options import source_options
+from loadgen.workload.markers import CacheBust
 from proxy.core.endpoints import Endpoint
 from proxy.core.specs import DEFAULT_TOKENIZER
-
-from .cli_options import source_options
-from .markers import CacheBust
 
 # The endpoints the workload builds bodies for (LoadgenConfig.endpoint accepts the same names).
 ENDPOINTS: tuple[Endpoint, ...] = (
@@ -87,6 +86,6 @@ def _output_options(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .launch import run_args  # the tokenizer, pydantic and rich: only when there is work to do
+    from loadgen.launch import run_args  # the tokenizer, pydantic and rich: only when there is work to do
 
     return run_args(args)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .load_checks import parse_pairs, parse_values
+from loadgen.load_checks import parse_pairs, parse_values
 
 
 def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:

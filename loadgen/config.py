@@ -8,11 +8,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from loadgen.load_checks import source_contradictions
+from loadgen.workload.markers import CacheBust
 from proxy.core.endpoints import SHAPES, Endpoint
 from proxy.core.specs import DEFAULT_TOKENIZER
-
-from .load_checks import source_contradictions
-from .markers import CacheBust
 
 
 class LoadgenConfig(BaseModel):
@@ -29,7 +28,7 @@ class LoadgenConfig(BaseModel):
     shared_system_prompt_length: int = Field(default=0, ge=0)
     cache_bust: CacheBust = CacheBust.NONE
     content_parts: bool = False  # send user content as a list of text parts
-    # Generated PNGs in the first user message (loadgen/images.py), counted in the budget by the server's
+    # Generated PNGs in the first user message (loadgen/workload/images.py), counted in the budget by the server's
     # image rule under its --mm-processor-kwargs.
     images: int = Field(default=0, ge=0)
     image_size: str = Field(default="448x448", pattern=r"^[1-9][0-9]*[xX][1-9][0-9]*$")

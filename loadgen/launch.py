@@ -12,14 +12,13 @@ from typing import Any
 from pydantic import ValidationError
 from rich.console import Console
 
+from loadgen.config import LoadgenConfig
+from loadgen.report.model import LoadgenReport
+from loadgen.report.outputs import print_goodput, write_outputs
+from loadgen.report.sweep import run_sweep
+from loadgen.report.table import print_overhead, print_report
+from loadgen.send.orchestrate import prepare, run_config
 from proxy.core.tokenizer import TokenizerLoadError
-
-from .config import LoadgenConfig
-from .orchestrate import prepare, run_config
-from .outputs import print_goodput, write_outputs
-from .report import LoadgenReport
-from .sweep import run_sweep
-from .table import print_overhead, print_report
 
 FIELDS = set(LoadgenConfig.model_fields)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .config import LoadgenConfig
+    from loadgen.config import LoadgenConfig
 
 SLO_KEYS = ("ttft_ms", "itl_ms", "e2e_ms")
 STREAMED_SLOS = ("ttft_ms", "itl_ms")  # measured on content chunks: only a stream has them

@@ -1,5 +1,5 @@
 """`islwatch demo`: scenes of a serving stack, each an emulator with a proxy in front and a short exactly
-budgeted load through both: a correct deployment, then drift caught and named (loadgen/scenes.py).
+budgeted load through both: a correct deployment, then drift caught and named (loadgen/demo/scenes.py).
 
 Offline and GPU-free: the tokenizer is the Mistral v0.1 vocabulary that mistral-common ships. Its chat
 template rejects a system role, so the demo's conversations are user/assistant turns, marked on the first
@@ -7,7 +7,7 @@ user turn. The emulator and the proxy run as child processes (as they would in p
 them on exit, on Ctrl-C and on SIGTERM, and they die with it if it is killed outright (PR_SET_PDEATHSIG).
 
 `configure` needs only light imports, so `islwatch demo --help` answers at once; the work is in
-loadgen/demo_run.py, imported by `run`.
+loadgen/demo/run.py, imported by `run`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .scenes import SCENE_NAMES
+from loadgen.demo.scenes import SCENE_NAMES
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -49,6 +49,6 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .demo_run import run_demo  # the tokenizer, the loadgen and rich: only when the demo runs
+    from loadgen.demo.run import run_demo  # the tokenizer, the loadgen and rich: only when the demo runs
 
     return run_demo(args)

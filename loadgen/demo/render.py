@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.rule import Rule
 from rich.table import Table
 
-from .proxymetrics import Counts
-from .scenes import Scene
-from .verdicts import SceneNumbers, summary_row, verdict
+from loadgen.demo.scenes import Scene
+from loadgen.demo.verdicts import SceneNumbers, summary_row, verdict
+from loadgen.send.proxy_metrics import Counts
 
 REPO = Path(__file__).resolve().parents[1]  # deploy/ and grafana/ are there in a clone
 

@@ -1,4 +1,4 @@
-"""The work behind `islwatch demo` (see loadgen/demo.py): for each scene, start the emulator (broken the way
+"""The work behind `islwatch demo` (see loadgen/demo/cli.py): for each scene, start the emulator (broken the way
 the scene says) and the proxy in front of it, send the load through the proxy, read the proxy's /metrics,
 run the parity gate, print the verdict; stop both children on every way out. Then the summary.
 
@@ -19,20 +19,19 @@ from pathlib import Path
 
 from rich.console import Console
 
+from loadgen.config import LoadgenConfig
+from loadgen.demo import render
+from loadgen.demo.children import Addresses, Children, address, spawn_stack, wait_stack
+from loadgen.demo.parity import parity_lines
+from loadgen.demo.scenes import Scene, selected
+from loadgen.demo.verdicts import GAUGES, SCENE_SAMPLES, SceneNumbers, surprise
+from loadgen.launch import run_loadgen
+from loadgen.report.model import LoadgenReport
+from loadgen.send import proxy_metrics
+from loadgen.send.proxy_metrics import Counts
+from loadgen.workload.markers import CacheBust
 from proxy.core.specs import DEFAULT_TOKENIZER
 from proxy.core.tokenizer import LoadedTokenizer, load_tokenizer
-
-from . import demo_render as render
-from . import scenemetrics
-from .children import Addresses, Children, address, spawn_stack, wait_stack
-from .config import LoadgenConfig
-from .launch import run_loadgen
-from .markers import CacheBust
-from .proxymetrics import Counts
-from .report import LoadgenReport
-from .scene_parity import parity_lines
-from .scenes import Scene, selected
-from .verdicts import SceneNumbers, surprise
 
 
 @dataclass(frozen=True)
@@ -133,7 +132,9 @@ def send(demo: Demo, b: Booted) -> tuple[int, LoadgenReport, Counts]:
     demo.console.print(
         f"{server} on {b.at.emu_url}; islwatch proxy on {b.at.proxy_url}", markup=False, soft_wrap=True
     )
-    before = scenemetrics.scrape(b.at.metrics_url)
+    before = proxy_metrics.scrape(b.at.metrics_url, SCENE_SAMPLES)
+    if before is None:
+        raise RuntimeError(f"scene {b.scene.name}: the proxy's /metrics did not answer")
     shown = demo.console if b.scene.loadgen_report else Console(quiet=True)
     code, report = run_loadgen(demo_config(demo, b), shown)
     if report is None:
@@ -143,7 +144,9 @@ def send(demo: Demo, b: Booted) -> tuple[int, LoadgenReport, Counts]:
 
 def judge(demo: Demo, b: Booted, sent: int, before: Counts) -> tuple[SceneNumbers, str | None]:
     """The proxy's /metrics once it has analysed every request, the parity gate, the verdict."""
-    delta = scenemetrics.settled(b.at.metrics_url, before, sent)
+    delta = proxy_metrics.settled(b.at.metrics_url, before, sent, SCENE_SAMPLES, GAUGES)
+    if delta is None:
+        raise RuntimeError(f"scene {b.scene.name}: the proxy's /metrics did not answer")
     n = SceneNumbers.of(delta)
     render.numbers(demo.console, delta, n)
     render.lines(demo.console, parity_lines(b.scene, demo.loaded, b.template))

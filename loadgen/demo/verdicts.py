@@ -1,6 +1,6 @@
 """What a demo scene's /metrics numbers mean: the drift, its cause, which alert rule would fire, the verdict.
 
-Pure: counts in (loadgen/scenemetrics.py reads them), numbers and sentences out. The alert conditions are
+Pure: counts in (loadgen/send/proxy_metrics.py reads the `SCENE_SAMPLES`), numbers and sentences out. The alert conditions are
 those of deploy/prometheus/alerts.yml, evaluated over the scene instead of a rate window: a scene is one
 burst of traffic, so "the ratio over the last 5 minutes" is the ratio over the scene. The demo serves one
 model, so the rules' `by (model)` is the sum. Three rules are left out: two need Prometheus's own view,
@@ -14,8 +14,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .proxymetrics import Counts
-from .scenemetrics import DRIFT_BUCKETS, SERVER_PARITY
+from loadgen.send.proxy_metrics import SHOWN, Counts
+
+DRIFT_BUCKETS = "islwatch_isl_drift_tokens_bucket"
+SERVER_PARITY = "islwatch_server_parity_ok"
+GAUGES = {SERVER_PARITY}  # a state, not a count: the scene's value is the last one, not an increase
+# What a scene reads: the loadgen's samples, plus what the verdicts and alert rules need. Zero increases are
+# kept (proxy_metrics.increase), because the drift buckets that stayed empty bound the median.
+SCENE_SAMPLES = {
+    **SHOWN,
+    DRIFT_BUCKETS: "le",
+    "islwatch_duplicate_bos_risk_total": "",
+    "islwatch_tokenizer_changes_total": "",
+    SERVER_PARITY: "model",  # by model: the alert takes the minimum
+}
 
 # Why the server's count differs, in the operator's words (proxy/core/diagnose.py names the causes).
 MEANING = {

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 
-from .replies import Record
+from loadgen.send.replies import Record
 
 
 def columns(sweep: bool) -> list[str]:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
-from .replies import Record
+from loadgen.send.replies import Record
 
 FIELDS = {"ttft_ms": "ttft_ms", "itl_ms": "itl_ms", "e2e_ms": "latency_ms"}  # SLO name -> Record field
 

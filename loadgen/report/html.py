@@ -1,6 +1,6 @@
 """`--html FILE`: one self-contained page (no script, no stylesheet or font fetched, works offline).
 
-Charts are inline SVG drawn here (loadgen/svg.py) rather than a vendored chart library: the page needs no
+Charts are inline SVG drawn here (loadgen/report/svg.py) rather than a vendored chart library: the page needs no
 JavaScript at all (it renders with scripts off, in a mail client or a CI artifact viewer), stays a few
 hundred KB for thousands of requests, pins no third-party bundle to update and license, and what it draws
 can be checked by reading the markup. Per chart: target vs achieved ISL (each request's client and server
@@ -15,10 +15,10 @@ import math
 from collections.abc import Sequence
 from html import escape
 
-from .replies import Record
-from .report import LoadgenReport, Percentiles
-from .svg import Series, bar_chart, cdf_points, chart
-from .sweep import Run, SweepReport
+from loadgen.report.model import LoadgenReport, Percentiles
+from loadgen.report.svg import Series, bar_chart, cdf_points, chart
+from loadgen.report.sweep import Run, SweepReport
+from loadgen.send.replies import Record
 
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1180px;color:#222}
 h1{font-size:20px}h2{font-size:16px;margin-top:28px;border-bottom:1px solid #ddd}

@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .goodput import Goodput
-from .replies import Record
+from loadgen.report.goodput import Goodput
+from loadgen.send.replies import Record
 
 
 class Percentiles(BaseModel):
@@ -86,7 +86,7 @@ class LoadgenReport(BaseModel):
     input_token_throughput: float
     proxy: dict[str, dict[str, float]] | None = None
     cache: CacheShare | None = None  # the whole run's prefix-cache share (per turn in `turns`)
-    goodput: Goodput | None = None  # with --slo (loadgen/goodput.py)
+    goodput: Goodput | None = None  # with --slo (loadgen/report/goodput.py)
 
 
 def percentiles(values: Sequence[float]) -> Percentiles | None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import orjson
 from rich.console import Console
 
-from .config import LoadgenConfig
-from .csv_out import write_csv
-from .goodput import attained
-from .report import LoadgenReport
-from .sweep import Run, SweepReport
+from loadgen.config import LoadgenConfig
+from loadgen.report.csv_out import write_csv
+from loadgen.report.goodput import attained
+from loadgen.report.model import LoadgenReport
+from loadgen.report.sweep import Run, SweepReport
 
 
 def print_goodput(console: Console, r: LoadgenReport, attainment: float) -> None:
@@ -41,6 +41,6 @@ def write_outputs(cfg: LoadgenConfig, runs: list[Run], sweep: SweepReport | None
     if cfg.csv:
         write_csv(cfg.csv, ((p, rec) for p, records, _ in runs for rec in records), sweep=sweep is not None)
     if cfg.html:
-        from .html_report import render_page  # only when asked for
+        from loadgen.report.html import render_page  # only when asked for
 
         cfg.html.write_text(render_page(runs, sweep), encoding="utf-8")

@@ -13,12 +13,11 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
+from loadgen.config import LoadgenConfig
+from loadgen.report.goodput import attained
+from loadgen.report.model import LoadgenReport, Percentiles
+from loadgen.send.replies import Record
 from proxy.core.tokenizer import LoadedTokenizer
-
-from .config import LoadgenConfig
-from .goodput import attained
-from .replies import Record
-from .report import LoadgenReport, Percentiles
 
 
 class SweepPoint(BaseModel):
@@ -140,8 +139,8 @@ Run = tuple[float | None, list[Record], LoadgenReport]
 def run_sweep(cfg: LoadgenConfig, console: Console) -> tuple[int, SweepReport | None, list[Run]]:
     """Every point in ascending order; exit 2 if one cannot be prepared, else 0 when every point sent and
     every request succeeded, 1 otherwise."""
-    from .orchestrate import prepare, run_config  # I/O, imported when a sweep runs
-    from .table import print_overhead
+    from loadgen.report.table import print_overhead
+    from loadgen.send.orchestrate import prepare, run_config  # I/O, imported when a sweep runs
 
     assert cfg.sweep
     values = sorted(cfg.sweep)

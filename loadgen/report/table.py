@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from .report import LoadgenReport, Overheads, Percentiles
+from loadgen.report.model import LoadgenReport, Overheads, Percentiles
 
 
 def _f(v: float | None, digits: int = 1) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -13,16 +12,15 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from loadgen.config import LoadgenConfig
+from loadgen.report.goodput import goodput
+from loadgen.report.model import LoadgenReport, Overheads, build_report
+from loadgen.send import proxy_metrics
+from loadgen.send.runner import Engine, Record
+from loadgen.workload.conversations import Workload
+from loadgen.workload.sources import build_workload
 from proxy.core.tokenizer import LoadedTokenizer, load_tokenizer
 from proxy.server.loop import run as run_loop
-
-from . import proxymetrics
-from .config import LoadgenConfig
-from .goodput import goodput
-from .report import LoadgenReport, Overheads, build_report
-from .runner import Engine, Record
-from .sources import build_workload
-from .workload import Workload
 
 
 @dataclass(frozen=True)
@@ -30,7 +28,7 @@ class Prepared:
     loaded: LoadedTokenizer
     workload: Workload
     overhead: Overheads
-    cfg: LoadgenConfig  # with the request count a dataset or trace settles (loadgen/sources.py)
+    cfg: LoadgenConfig  # with the request count a dataset or trace settles (loadgen/workload/sources.py)
 
 
 def prepare(cfg: LoadgenConfig, loaded: LoadedTokenizer | None = None) -> Prepared:
@@ -122,30 +120,10 @@ def expected_requests(cfg: LoadgenConfig) -> int | None:
     return None
 
 
-def settled_proxy_counts(
-    url: str, before: proxymetrics.Counts, sent: int, wait_s: float = 10.0
-) -> proxymetrics.Counts | None:
-    """The proxy's counts for this run. It analyses off the response path, so the last requests' results
-    arrive a little after their responses: poll until it has a match result for every request we sent."""
-    deadline = time.monotonic() + wait_s
-    delta = None
-    while True:
-        after = proxymetrics.scrape(url)
-        if after is not None:
-            delta = proxymetrics.diff(before, after)
-            analysed = sum(delta.get("islwatch_isl_match_total", {}).values())
-            dropped = sum(delta.get("islwatch_analysis_dropped_total", {}).values())
-            if analysed + dropped >= sent:
-                return delta
-        if time.monotonic() > deadline:
-            return delta
-        time.sleep(0.1)
-
-
 def run_config(
     cfg: LoadgenConfig, prepared: Prepared, console: Console
 ) -> tuple[list[Record], LoadgenReport]:
-    before = proxymetrics.scrape(cfg.proxy_metrics_url) if cfg.proxy_metrics_url else None
+    before = proxy_metrics.scrape(cfg.proxy_metrics_url) if cfg.proxy_metrics_url else None
     total = expected_requests(cfg)
     progress = Progress(
         TextColumn("[bold]loadgen"),
@@ -161,7 +139,8 @@ def run_config(
     proxy = None
     if cfg.proxy_metrics_url and before is not None:
         sent = sum(1 for r in records if r.status is not None)
-        proxy = settled_proxy_counts(cfg.proxy_metrics_url, before, sent)
+        delta = proxy_metrics.settled(cfg.proxy_metrics_url, before, sent)
+        proxy = proxy_metrics.nonzero(delta) if delta is not None else None
     report = build_report(
         records,
         run_id=cfg.run_id,

@@ -14,13 +14,12 @@ from collections.abc import Callable
 import aiohttp
 from yarl import URL
 
+from loadgen.config import LoadgenConfig
+from loadgen.send.replies import Outcome, Record, StreamTimer, failed, json_outcome
+from loadgen.workload.arrivals import open_loop_offsets, user_starts
+from loadgen.workload.conversations import Conversation, Request, Workload
 from proxy.server.heap import few_collections
 from proxy.server.pooled import PoolMarkingConnector, forget_pooled, pooled, retryable
-
-from .arrivals import open_loop_offsets, user_starts
-from .config import LoadgenConfig
-from .replies import Outcome, Record, StreamTimer, failed, json_outcome
-from .workload import Conversation, Request, Workload
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Sequence
 
-from .config import LoadgenConfig
+from loadgen.config import LoadgenConfig
 
 
 def _gap(rng: random.Random, kind: str, rate: float, burstiness: float) -> float:

@@ -15,14 +15,13 @@ from typing import Any
 
 import orjson
 
+from loadgen.config import LoadgenConfig
+from loadgen.workload.budget import Fit, Overhead, fit_text, solve_overhead
+from loadgen.workload.corpus import Corpus, build_corpus, text_corpus
+from loadgen.workload.images import image_model, image_parts, parse_size, with_images
+from loadgen.workload.markers import CacheBust, Landing, apply_marker, landing, marker_for
 from proxy.core.count import count_request
 from proxy.core.tokens import encode_len
-
-from .budget import Fit, Overhead, fit_text, solve_overhead
-from .config import LoadgenConfig
-from .corpus import Corpus, build_corpus, text_corpus
-from .images import image_model, image_parts, parse_size, with_images
-from .markers import CacheBust, Landing, apply_marker, landing, marker_for
 
 log = logging.getLogger("islwatch.loadgen")
 SLACK_WORDS = 64

@@ -6,7 +6,7 @@ it becomes one user message), with optional `isl` (the whole request's count as 
 template included) and `osl` (max_tokens). `--isl` is the ISL of records without one; with neither, the
 record goes out as written and its own count is its target. Other keys are ignored (not sent).
 
-Hitting an ISL reuses the synthetic budgeting (loadgen/budget.py): the text slot (the last message's string
+Hitting an ISL reuses the synthetic budgeting (loadgen/workload/budget.py): the text slot (the last message's string
 content or its last text part; the prompt) becomes the longest run of its own words, then corpus words,
 whose measured count of the whole wire body equals the target, so a longer record loses its tail and a
 shorter one gains filler after its text.
@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 
 import orjson
 
-from .config import LoadgenConfig
-from .corpus import Corpus
-from .workload import SLACK_WORDS, Conversation, Request, Workload
+from loadgen.config import LoadgenConfig
+from loadgen.workload.conversations import SLACK_WORDS, Conversation, Request, Workload
+from loadgen.workload.corpus import Corpus
 
 T = TypeVar("T")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import LoadgenConfig
-from .dataset import DatasetWorkload, load_dataset
-from .trace import TraceWorkload, load_trace, records_within
-from .workload import Workload
+from loadgen.config import LoadgenConfig
+from loadgen.workload.conversations import Workload
+from loadgen.workload.dataset import DatasetWorkload, load_dataset
+from loadgen.workload.trace import TraceWorkload, load_trace, records_within
 
 
 def build_workload(tok: Any, cfg: LoadgenConfig) -> tuple[LoadgenConfig, Workload]:

@@ -12,7 +12,7 @@ templated request is budgeted:
   with a seed of the id, so equal ids are equal text and a shared run of ids is a shared text prefix at the
   same token position (the template's head comes first in every request);
 - a request's user content is its blocks in order, followed by words unique to the request; the budget
-  (loadgen/budget.py) takes the longest run of that sequence whose templated count equals `input_length`,
+  (loadgen/workload/budget.py) takes the longest run of that sequence whose templated count equals `input_length`,
   so the last block is cut where the count is met (as a partial last block is in the trace) and a request
   whose template costs more than its last block holds loses the tail of the block before;
 - it is sent at `timestamp / --trace-speedup` after the start, with `max_tokens = output_length`.
@@ -25,14 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadgen.config import LoadgenConfig
+from loadgen.workload.arrivals import scaled_trace
+from loadgen.workload.budget import fit_text
+from loadgen.workload.conversations import SLACK_WORDS, Conversation, Request, Workload
+from loadgen.workload.corpus import Corpus
+from loadgen.workload.dataset import load_jsonl, record_index
 from proxy.core.tokens import encode_len
-
-from .arrivals import scaled_trace
-from .budget import fit_text
-from .config import LoadgenConfig
-from .corpus import Corpus
-from .dataset import load_jsonl, record_index
-from .workload import SLACK_WORDS, Conversation, Request, Workload
 
 
 @dataclass(frozen=True)

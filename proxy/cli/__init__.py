@@ -45,9 +45,9 @@ def _loadgen() -> ModuleType:
 
 
 def _demo() -> ModuleType:
-    from loadgen import demo
+    from loadgen.demo import cli
 
-    return demo
+    return cli
 
 
 # name -> (help, the module that implements it)

@@ -1,6 +1,6 @@
 """Whether an HTTP request was lost on a kept-alive connection, so that it may be sent once more.
 
-Shared by the proxy's upstream call (upstream.py) and the load generator (loadgen/runner.py). Kept apart
+Shared by the proxy's upstream call (upstream.py) and the load generator (loadgen/send/runner.py). Kept apart
 from upstream.py, which makes every head its process writes keep the received bytes (headers.py): the
 load generator writes only its own heads and keeps aiohttp's C serializer.
 """

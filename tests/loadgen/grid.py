@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loadgen.config import LoadgenConfig
-from loadgen.markers import CacheBust
-from loadgen.workload import Request, Workload
+from loadgen.workload.conversations import Request, Workload
+from loadgen.workload.markers import CacheBust
 from proxy.core.count import count_request
 
 ISLS = (16, 128, 1000)

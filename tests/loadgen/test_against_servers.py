@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from loadgen import proxymetrics
 from loadgen.config import LoadgenConfig
-from loadgen.runner import Engine, Record
-from loadgen.workload import Workload
+from loadgen.send import proxy_metrics
+from loadgen.send.runner import Engine, Record
+from loadgen.workload.conversations import Workload
 from proxy.emulator.app import EmulatorConfig, start_emulator
 from tests.builders import build_tokenizer
 from tests.conftest import load_builtin, load_shared
@@ -125,7 +125,7 @@ async def test_through_the_proxy(mistral_emulator: str) -> None:
     )
     async with run_proxy(config) as (url, admin_url, _):
         metrics = f"{admin_url}/metrics"
-        before = await asyncio.to_thread(proxymetrics.scrape, metrics)
+        before = await asyncio.to_thread(proxy_metrics.scrape, metrics)
         assert before is not None
         recs = await run(
             load_builtin().tokenizer, url, isl=200, turns=2, streaming=True,
@@ -134,9 +134,9 @@ async def test_through_the_proxy(mistral_emulator: str) -> None:
         assert_exact(recs, 8)
 
         async def matches() -> dict[str, float]:
-            after = await asyncio.to_thread(proxymetrics.scrape, metrics)
+            after = await asyncio.to_thread(proxy_metrics.scrape, metrics)
             assert after is not None
-            return proxymetrics.diff(before, after).get("islwatch_isl_match_total", {})
+            return proxy_metrics.diff(before, after).get("islwatch_isl_match_total", {})
 
         # Analysis runs off the response path: wait until every request has its match result.
         settled = await eventually_async(

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from loadgen.arrivals import open_loop_offsets, scaled_trace, user_starts
 from loadgen.config import LoadgenConfig
+from loadgen.workload.arrivals import open_loop_offsets, scaled_trace, user_starts
 
 
 def cfg(**kw: Any) -> LoadgenConfig:
@@ -105,8 +105,8 @@ def test_refused_load_shapes(kw: dict[str, Any], message: str) -> None:
 
 
 async def test_a_concurrency_ramp_runs_exact_against_the_emulator() -> None:
-    from loadgen.runner import Engine
-    from loadgen.workload import Workload
+    from loadgen.send.runner import Engine
+    from loadgen.workload.conversations import Workload
     from proxy.emulator.app import EmulatorConfig, start_emulator
     from tests.conftest import load_builtin
 

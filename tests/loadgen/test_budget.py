@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.budget import fit_text, solve_overhead
+from loadgen.workload.budget import fit_text, solve_overhead
 
 WORDS = [f"w{i}" for i in range(500)]
 FILLERS = ["f", "g"]

@@ -12,11 +12,11 @@ from aiohttp import web
 from rich.console import Console
 
 from loadgen.config import LoadgenConfig
-from loadgen.replies import Record, StreamTimer, json_outcome
-from loadgen.report import build_report
-from loadgen.runner import Engine
-from loadgen.table import print_report
-from loadgen.workload import Workload
+from loadgen.report.model import build_report
+from loadgen.report.table import print_report
+from loadgen.send.replies import Record, StreamTimer, json_outcome
+from loadgen.send.runner import Engine
+from loadgen.workload.conversations import Workload
 from tests.conftest import load_builtin
 from tests.core.test_usage_fields import VLLM_CHAT_STREAM
 from tests.server.helpers import serve_app

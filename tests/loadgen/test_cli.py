@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from loadgen.children import free_port
+from loadgen.demo.children import free_port
 from tests.conftest import REPO
 
 CLI = [sys.executable, "-m", "proxy.cli"]
@@ -19,7 +19,8 @@ HEAVY = ("transformers", "tokenizers", "jinja2", "pydantic", "rich", "aiohttp", 
 # Parsing the command line (and --help) must not load what only running needs.
 CONFIGURE_ONLY = """
 import argparse, sys
-from loadgen import cli, demo
+from loadgen import cli
+from loadgen.demo import cli as demo
 for mod in (cli, demo):
     mod.configure(argparse.ArgumentParser())
 print(" ".join(sorted(m for m in sys.modules if m.split(".")[0] in {heavy})))

@@ -11,9 +11,9 @@ import orjson
 import pytest
 
 from loadgen.config import LoadgenConfig
-from loadgen.dataset import DatasetWorkload, load_dataset
-from loadgen.runner import Engine, Record
-from loadgen.sources import build_workload
+from loadgen.send.runner import Engine, Record
+from loadgen.workload.dataset import DatasetWorkload, load_dataset
+from loadgen.workload.sources import build_workload
 from proxy.emulator.app import EmulatorConfig, start_emulator
 from tests.builders import build_tokenizer
 from tests.conftest import load_builtin

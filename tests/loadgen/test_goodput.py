@@ -14,9 +14,9 @@ from rich.console import Console
 
 from loadgen import cli
 from loadgen.config import LoadgenConfig
-from loadgen.goodput import attained, goodput, meets
-from loadgen.orchestrate import prepare, run_config
-from loadgen.replies import Record
+from loadgen.report.goodput import attained, goodput, meets
+from loadgen.send.orchestrate import prepare, run_config
+from loadgen.send.replies import Record
 from proxy.emulator.app import EmulatorConfig, start_emulator
 from tests.conftest import load_builtin
 

@@ -21,9 +21,9 @@ import pytest
 from rich.console import Console
 
 from loadgen.config import LoadgenConfig
-from loadgen.csv_out import columns
 from loadgen.launch import run_loadgen
-from loadgen.replies import Record
+from loadgen.report.csv_out import columns
+from loadgen.send.replies import Record
 from proxy.emulator.app import EmulatorConfig, start_emulator
 from proxy.emulator.faults import Faults
 from tests.conftest import load_builtin

@@ -13,8 +13,8 @@ from PIL import Image
 from pydantic import ValidationError
 
 from loadgen.config import LoadgenConfig
-from loadgen.images import parse_size
-from loadgen.workload import Workload
+from loadgen.workload.conversations import Workload
+from loadgen.workload.images import parse_size
 from proxy.core.images import QwenVLRule
 from proxy.core.tokenizer import load_tokenizer
 from scripts.build_tiny_vl_model import write_processor_files

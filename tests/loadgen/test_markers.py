@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from loadgen.config import LoadgenConfig
-from loadgen.markers import CacheBust, Landing, apply_marker, landing, marker_for
-from loadgen.workload import Workload
+from loadgen.workload.conversations import Workload
+from loadgen.workload.markers import CacheBust, Landing, apply_marker, landing, marker_for
 from proxy.core.tokens import encode_len
 from tests.builders import build_tokenizer
 

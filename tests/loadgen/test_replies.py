@@ -12,9 +12,9 @@ import pytest
 from aiohttp import web
 
 from loadgen.config import LoadgenConfig
-from loadgen.replies import StreamTimer, json_outcome
-from loadgen.runner import Engine
-from loadgen.workload import Workload
+from loadgen.send.replies import StreamTimer, json_outcome
+from loadgen.send.runner import Engine
+from loadgen.workload.conversations import Workload
 from tests.builders import build_tokenizer
 
 STREAM = [

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from loadgen.proxymetrics import diff, parse_counts
-from loadgen.replies import Record
-from loadgen.report import build_report, percentiles
+from loadgen.report.model import build_report, percentiles
+from loadgen.send.proxy_metrics import diff, parse_counts
+from loadgen.send.replies import Record
 
 
 def rec(target: int, client: int | None, server: int | None, **kw: object) -> Record:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from loadgen.config import LoadgenConfig
-from loadgen.runner import Engine, Record
-from loadgen.workload import Workload
+from loadgen.send.runner import Engine, Record
+from loadgen.workload.conversations import Workload
 from proxy.emulator.app import EmulatorConfig, start_emulator
 from tests.builders import build_tokenizer
 from tests.conftest import load_builtin

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from loadgen.config import LoadgenConfig
 from loadgen.launch import run_loadgen
-from loadgen.sweep import SweepPoint, knee, point_config
+from loadgen.report.sweep import SweepPoint, knee, point_config
 from proxy.emulator.app import EmulatorConfig, start_emulator
 from tests.conftest import load_builtin
 

@@ -12,9 +12,9 @@ import orjson
 import pytest
 
 from loadgen.config import LoadgenConfig
-from loadgen.runner import Engine, Record
-from loadgen.sources import build_workload
-from loadgen.trace import TraceWorkload, load_trace
+from loadgen.send.runner import Engine, Record
+from loadgen.workload.sources import build_workload
+from loadgen.workload.trace import TraceWorkload, load_trace
 from proxy.core.tokens import encode_len
 from proxy.emulator.app import EmulatorConfig, start_emulator
 from tests.conftest import load_builtin

@@ -9,9 +9,20 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from loadgen.scenemetrics import DRIFT_BUCKETS, increase, parse
-from loadgen.scenes import SCENES
-from loadgen.verdicts import Median, SceneNumbers, firing, median_drift, summary_row, surprise, verdict
+from loadgen.demo.scenes import SCENES
+from loadgen.demo.verdicts import (
+    DRIFT_BUCKETS,
+    GAUGES,
+    SCENE_SAMPLES,
+    Median,
+    SceneNumbers,
+    firing,
+    median_drift,
+    summary_row,
+    surprise,
+    verdict,
+)
+from loadgen.send.proxy_metrics import increase, parse_counts
 from proxy.server.metrics import Metrics, build_metrics
 from tests.conftest import REPO
 
@@ -77,13 +88,15 @@ def scene_numbers(observe: list[tuple[str, int]], exact: int = 0) -> SceneNumber
     """Numbers parsed from islwatch's own registry after `observe` (cause, drift) per request."""
     registry = CollectorRegistry()
     m: Metrics = build_metrics(registry, process_metrics=False)
-    before = parse(generate_latest(registry).decode())
+    before = parse_counts(generate_latest(registry).decode(), SCENE_SAMPLES)
     for cause, drift in [("exact", 0)] * exact + observe:
         m.requests.labels("default", "chat", "2xx").inc()
         m.match.labels("default", "chat", "exact" if cause == "exact" else "mismatch").inc()
         m.drift.labels("default", "chat", cause).inc()
         m.drift_tokens.labels("default", "chat").observe(drift)
-    return SceneNumbers.of(increase(before, parse(generate_latest(registry).decode())))
+    return SceneNumbers.of(
+        increase(before, parse_counts(generate_latest(registry).decode(), SCENE_SAMPLES), GAUGES)
+    )
 
 
 def test_numbers_and_verdicts_from_the_real_export() -> None:
@@ -107,7 +120,7 @@ def test_numbers_and_verdicts_from_the_real_export() -> None:
 
 
 def test_a_gauge_is_its_last_value_not_an_increase() -> None:
-    delta = increase({"islwatch_server_parity_ok": {"m": 1}}, {"islwatch_server_parity_ok": {"m": 1}})
+    delta = increase({"islwatch_server_parity_ok": {"m": 1}}, {"islwatch_server_parity_ok": {"m": 1}}, GAUGES)
     assert delta == {"islwatch_server_parity_ok": {"m": 1}} and firing(delta) == ()
 
 
@@ -116,7 +129,7 @@ def test_zero_buckets_survive_the_increase() -> None:
     registry = CollectorRegistry()
     m = build_metrics(registry, process_metrics=False)
     m.drift_tokens.labels("default", "chat").observe(1)
-    delta = increase({}, parse(generate_latest(registry).decode()))
+    delta = increase({}, parse_counts(generate_latest(registry).decode(), SCENE_SAMPLES))
     assert delta[DRIFT_BUCKETS]["0.0"] == 0 and delta[DRIFT_BUCKETS]["1.0"] == 1
 
 

@@ -24,11 +24,11 @@ from openai import OpenAI
 from vllm_proc import BILLED_BLOCK, BILLED_FAMILY, VllmServer
 
 from loadgen.config import LoadgenConfig
-from loadgen.markers import CacheBust
-from loadgen.replies import Record
-from loadgen.report import build_report
-from loadgen.runner import Engine
-from loadgen.workload import Workload
+from loadgen.report.model import build_report
+from loadgen.send.replies import Record
+from loadgen.send.runner import Engine
+from loadgen.workload.conversations import Workload
+from loadgen.workload.markers import CacheBust
 from proxy.core.tokens import template_ids
 from proxy.server.engine_metrics import engine_of, samples
 from tests.conftest import SHARED_TOKENIZERS, load_shared

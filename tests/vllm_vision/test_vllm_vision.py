@@ -23,8 +23,8 @@ import pytest
 from PIL import Image
 
 from loadgen.config import LoadgenConfig
-from loadgen.runner import Engine
-from loadgen.workload import Workload
+from loadgen.send.runner import Engine
+from loadgen.workload.conversations import Workload
 from proxy.core.count import count_request
 from proxy.core.images import COUNTED, URL, ImageModel
 from proxy.core.usage import SSEUsageParser, usage_of

@@ -1,0 +1,1 @@
+"""`islwatch demo`: the scenes, running them, what they print, the verdicts and the parity gate's view."""
