@@ -1,5 +1,5 @@
 """The drift causes islwatch names (diagnose.py assigns them): the label values of
-`islwatch_isl_drift_total{cause}`, and the one rule the event-loop process applies to them. Nothing here
+`islwatch_drift_total{cause}`, and the one rule the event-loop process applies to them. Nothing here
 needs a tokenizer or a template engine.
 """
 

@@ -1,5 +1,5 @@
 """The SGLang version the `sglang` flavor follows is one entry of proxy.core.specs.TESTED_VERSIONS: the
-install script defaults to it and the README states it (the oracle itself reports it: test_sglang_shapes.py).
+install script defaults to it and the docs state it (the oracle itself reports it: test_sglang_shapes.py).
 Needs no SGLang install."""
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ def test_install_script_defaults_to_the_tested_sglang() -> None:
     assert default == TESTED_VERSIONS["sglang"]
 
 
-def test_readme_states_what_the_sglang_flavor_follows() -> None:
-    readme = (REPO / "README.md").read_text()
-    assert f"SGLang {TESTED_VERSIONS['sglang']}" in readme
-    assert "## Tested against SGLang" in readme
+def test_docs_state_what_the_sglang_flavor_follows() -> None:
     assert "sglang" in FLAVORS
+    for page in ("README.md", "docs/compatibility/index.md", "docs/compatibility/sglang.md"):
+        assert f"SGLang {TESTED_VERSIONS['sglang']}" in (REPO / page).read_text(), page
