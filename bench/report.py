@@ -224,7 +224,7 @@ def write_latest() -> Path:
         "# Latest benchmark figures",
         "",
         "Written by `python -m bench` from bench/results/*-latest.json. Every ratio compares contenders "
-        'measured in the same run, alternating. See the README, "Benchmarks", for what each benchmark does.',
+        "measured in the same run, alternating. See docs/benchmarks/index.md for what each benchmark does.",
         "",
     ]
     for name, section in SECTIONS:

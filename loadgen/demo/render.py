@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]  # deploy/ and grafana/ are there in 
 
 def console() -> Console:
     """The terminal's width on a terminal; 120 columns into a pipe or a file, whatever COLUMNS says (rich's
-    80 would fold the summary's names, and the output should read the same in a CI log as in the README)."""
+    80 would fold the summary's names, and the output should read the same in a CI log as in the docs)."""
     return Console() if sys.stdout.isatty() else Console(width=120)
 
 

@@ -9,7 +9,7 @@ The reference is `result.templated` for chat-like requests (the issue's "server 
 `result.expected_server` otherwise (completions/embeddings, and chat requests the proxy could only count
 bare because the template was missing or failed).
 
-Checks run in this order; the first that applies wins (see the README, "Live diagnosis", for the rationale):
+Checks run in this order; the first that applies wins (docs/drift.md gives the rationale):
 
 1. `unknown`              no server count, no reference count, or a result the proxy could not count;
 2. `exact`                difference 0;

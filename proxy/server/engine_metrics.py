@@ -4,8 +4,8 @@ The engine's Prometheus endpoint is scraped every `upstream_metrics_interval_sec
 added since the first successful scrape is exported as `islwatch_engine_tokens_total{kind, engine}`, so it
 compares with islwatch's sums of usage over the same time (`islwatch_isl_tokens_sum{kind="server"}`,
 `islwatch_output_tokens_sum`, `islwatch_cached_prompt_tokens_sum`). Each kind means one thing on every engine;
-the counters behind it, and what they count, were measured on the real servers (README, "The engine's own
-counters"), never assumed:
+the counters behind it, and what they count, were measured on the real servers (docs/metrics.md, "The engine's
+own counters"), never assumed:
 
 - vLLM 0.32 (`vllm/v1/metrics/loggers.py`): `vllm:prompt_tokens_total` counts every prompt token, cached ones
   included; `vllm:prompt_tokens_cached_total` and `vllm:prefix_cache_hits_total` the cached part;

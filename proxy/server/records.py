@@ -28,7 +28,7 @@ class ModelRoute:
 
 
 def route_model(model: Any, models: frozenset[str], has_default: bool) -> ModelRoute:
-    """Label and tokenizer for the request's `model` (see the README, "Models and labels")."""
+    """Label and tokenizer for the request's `model` (docs/proxy.md, "Models and labels")."""
     if isinstance(model, str) and model in models:
         return ModelRoute(model, model, False)
     default_key = DEFAULT_KEY if has_default else None
