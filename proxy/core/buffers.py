@@ -1,137 +1,187 @@
-"""The bounded buffers on the response path: what islwatch may hold of an answer while relaying it.
+"""What islwatch may hold of a JSON answer while relaying it: `JSONUsageWindow`, bounded bytes, linear time.
 
-Both work in linear time (each byte is copied a bounded number of times, never re-concatenated) and hold a
-bounded number of bytes whatever the upstream sends:
-
-- `LineSplitter` cuts a byte stream into lines for the SSE usage parser and stripper. It holds at most
-  `limit` bytes of an unfinished line; the bytes of a longer line are handed back as they come (the stripper
-  passes them to the client unchanged, the parser skips them), up to and including the newline that ends it.
-- `JSONUsageWindow` keeps what a JSON answer's usage can be read from: the whole answer when it is small,
-  else the bytes that follow each `"usage"` key, wherever the key is: at the end (OpenAI, vLLM, llama.cpp
-  chat and completions: after `choices`) or at the start (llama.cpp's embeddings answer is `model`,
-  `object`, `usage`, then the `data` array; tools/server/utils.hpp format_embeddings_response_oaicompat).
+A small answer is kept whole (the worker parses it: its top-level `usage`). A big one is scanned as it
+passes, tracking only where each value starts and ends (strings, objects, arrays), to keep the value of its
+top-level `usage` member: wherever it is, at the end (OpenAI, vLLM, llama.cpp chat and completions: after
+`choices`) or at the start (llama.cpp's embeddings answer is `model`, `object`, `usage`, then `data`;
+tools/server/utils.hpp format_embeddings_response_oaicompat), and never a `usage` nested deeper (a gateway's
+trace block, a tool's result). The SSE reader is core/sse.py.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import re
 
-USAGE_KEY = b'"usage"'
-# An SSE line longer than this is not an event islwatch can use (usage events are a few hundred bytes).
-MAX_LINE_BYTES = 1 << 20
-# A JSON answer up to this size is kept whole (one full parse); a bigger one keeps only usage windows.
+import orjson
+
+# A JSON answer up to this size is kept whole (one full parse); a bigger one keeps only its usage value.
 JSON_WHOLE_BYTES = 64 << 10
-# Bytes kept from each `"usage"` key on: servers' usage objects are a few hundred bytes.
+# The most kept of a top-level usage value: servers' usage objects are a few hundred bytes.
 USAGE_WINDOW_BYTES = 4 << 10
-USAGE_WINDOWS = 4  # the last windows kept (the last usage object in the answer is the one that counts)
+# The longest top-level key read (escapes included): anything longer is not `usage`.
+_KEY_BYTES = 64
 
-
-class LineSplitter:
-    """Splits bytes fed in any chunking into lines (without their newline), holding at most `limit` bytes."""
-
-    def __init__(self, limit: int = MAX_LINE_BYTES) -> None:
-        self.limit = limit
-        self._partial = bytearray()
-        self._overlong = False  # inside a line longer than `limit`: its bytes pass straight through
-
-    @property
-    def held(self) -> int:
-        """Bytes of an unfinished line held back (at most `limit`)."""
-        return len(self._partial)
-
-    @property
-    def at_line_start(self) -> bool:
-        """The next byte fed starts a new line (no unfinished line held or being skipped)."""
-        return not self._partial and not self._overlong
-
-    def split(self, chunk: bytes) -> tuple[bytes, list[bytes], bytes]:
-        """(the rest of an over-long line up to its newline included, the complete lines, the start of a new
-        over-long line): the two raw parts are bytes that are not held; either may be empty."""
-        head = b""
-        start = 0
-        if self._overlong:
-            end = chunk.find(b"\n")
-            if end < 0:
-                return chunk, [], b""
-            head, start, self._overlong = chunk[: end + 1], end + 1, False
-        lines = []
-        end = chunk.find(b"\n", start)
-        if self._partial and end >= 0:
-            self._partial += chunk[start:end]
-            lines.append(bytes(self._partial))
-            self._partial.clear()
-            start, end = end + 1, chunk.find(b"\n", end + 1)
-        while end >= 0:
-            lines.append(chunk[start:end])
-            start, end = end + 1, chunk.find(b"\n", end + 1)
-        tail = b""
-        if start < len(chunk):
-            if len(self._partial) + len(chunk) - start > self.limit:
-                tail = bytes(self._partial) + chunk[start:]
-                self._partial.clear()
-                self._overlong = True
-            else:
-                self._partial += chunk[start:]
-        return head, lines, tail
-
-    def rest(self) -> bytes:
-        """The unfinished line at the end of the stream (servers do end a stream without a newline)."""
-        rest = bytes(self._partial)
-        self._partial.clear()
-        return rest
+# A whole JSON string, and a string's content up to its closing quote (or the end, or a lone backslash there).
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.S)
+_STRING_REST = re.compile(rb'(?:[^"\\]++|\\.)*+', re.S)
+# Every byte but quotes and brackets (deleted to reduce a chunk to its structure), and a string in what is left.
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"{}[]')
+_SKELETON_STRING = re.compile(rb'"[^"]*"')
+_TOKEN = re.compile(rb'[{}\[\]:,"]')
 
 
 class JSONUsageWindow:
-    """Keeps, of a JSON answer fed in any chunking, what its usage can be read from (bounded bytes).
+    """Keeps, of a JSON answer fed in any chunking, what its top-level usage can be read from.
 
-    `kept()` is the whole answer when it is at most `whole` bytes; else the last `USAGE_WINDOWS` windows of
-    `window` bytes, each starting at a `"usage"` key, joined by newlines: `usage_from_json_bytes` finds the
-    last complete usage object in them. An unescaped `"usage"` can only be a key (quotes inside strings are
-    escaped), so no string content starts a window. Held: at most `whole` + the windows.
+    `kept()` is the whole answer when it is at most `whole` bytes; else `{"usage": <value>}` with the value
+    of the last top-level `usage` member (duplicate keys: the last wins, as in orjson and Python's json), or
+    b"" when there is none, it is over `window` bytes, or the answer ended inside it. Held: at most `whole`
+    bytes, then at most `window`.
+
+    The scan of a big answer costs C-speed passes per chunk (regex and count over the chunk) while it is
+    inside a nested value that does not end in the chunk; only the few chunks where the top level is reached
+    are read token by token (the top level of an answer has a handful of members).
     """
 
     def __init__(self, whole: int = JSON_WHOLE_BYTES, window: int = USAGE_WINDOW_BYTES) -> None:
         self.whole_limit = whole
         self.window = window
         self._whole: bytearray | None = bytearray()
-        self._carry = b""  # the last bytes of the previous chunk: a key split across two chunks
-        self._open: bytearray | None = None  # the window still filling
-        self._windows: deque[bytes] = deque(maxlen=USAGE_WINDOWS)
+        self._depth = 0
+        self._root_object = False
+        self._in_string = False
+        self._escape = False  # inside a string, the last byte fed was an unpaired backslash
+        self._key: bytearray | None = None  # a top-level string being read (a key if ':' follows)
+        self._usage_key = False  # the last top-level token was the string "usage"
+        self._capture: bytearray | None = None  # the top-level usage value being read
+        self._value: bytes | None = None
 
     @property
     def held(self) -> int:
         whole = len(self._whole) if self._whole is not None else 0
-        return whole + sum(map(len, self._windows)) + (len(self._open) if self._open is not None else 0)
+        return whole + (len(self._capture) if self._capture is not None else 0) + len(self._value or b"")
 
     def feed(self, chunk: bytes) -> None:
         if self._whole is not None:
             if len(self._whole) + len(chunk) <= self.whole_limit:
                 self._whole += chunk
-            else:
-                self._whole = None
-        if self._open is not None:
-            self._open += chunk[: self.window - len(self._open)]
-            self._close_if_full()
-        data = self._carry + chunk if self._carry else chunk
-        at = data.find(USAGE_KEY)
-        while at >= 0:
-            self._close()
-            self._open = bytearray(data[at : at + self.window])
-            self._close_if_full()
-            at = data.find(USAGE_KEY, at + 1)
-        self._carry = data[-(len(USAGE_KEY) - 1) :]
+                return
+            kept, self._whole = bytes(self._whole), None  # too big to keep: scan what was kept, then on
+            self._scan(kept)
+        self._scan(chunk)
 
     def kept(self) -> bytes:
         if self._whole is not None:
             return bytes(self._whole)
-        self._close()
-        return b"\n".join(self._windows)
+        if self._value is None or self._capture is not None:
+            return b""
+        return b'{"usage":' + self._value + b"}"
 
-    def _close_if_full(self) -> None:
-        if self._open is not None and len(self._open) >= self.window:
-            self._close()
+    def _scan(self, chunk: bytes) -> None:
+        pos, n = 0, len(chunk)
+        cap = 0  # where the capture resumes in this chunk
+        skip = True  # the nested-value skip may apply (once per entry into a nested value)
+        while pos < n:
+            if self._in_string:
+                pos = self._string(chunk, pos)
+                continue
+            if self._depth >= 2 and skip:
+                skip = False
+                if self._skip_nested(chunk, pos):
+                    break
+            token = _TOKEN.search(chunk, pos)
+            if token is None:
+                break
+            c, pos = chunk[token.start()], token.end()
+            if c == 0x22:  # '"'
+                self._in_string = True
+                if self._depth == 1 and self._root_object:
+                    self._key = bytearray()
+                continue
+            usage_key, self._usage_key = self._usage_key, False
+            if c in (0x7B, 0x5B):  # '{' '['
+                if self._depth == 0:
+                    self._root_object = c == 0x7B
+                self._depth += 1
+            elif c in (0x7D, 0x5D):  # '}' ']'
+                self._depth -= 1
+                if self._depth == 0 and self._capture is not None:
+                    cap = self._end_capture(chunk, cap, token.start())
+                skip = self._depth == 1  # back at the top: the next nested value may be skipped
+            elif self._depth == 1 and self._root_object:
+                if c == 0x3A and usage_key:  # ':' after the key "usage": its value starts here
+                    self._capture, self._value, cap = bytearray(), None, pos
+                elif c == 0x2C and self._capture is not None:  # ','
+                    cap = self._end_capture(chunk, cap, token.start())
+        if self._capture is not None:
+            self._capture += chunk[cap:]
+            if len(self._capture) > self.window:  # not a server's usage: the last usage member is unread
+                self._capture = None
 
-    def _close(self) -> None:
-        if self._open is not None:
-            self._windows.append(bytes(self._open))
-            self._open = None
+    def _end_capture(self, chunk: bytes, cap: int, end: int) -> int:
+        assert self._capture is not None
+        self._capture += chunk[cap:end]
+        if len(self._capture) <= self.window:
+            self._value = bytes(self._capture).strip()
+        self._capture = None
+        return end
+
+    def _string(self, chunk: bytes, pos: int) -> int:
+        """Read string content from `pos`: the position after its closing quote, or the chunk's end."""
+        start = pos
+        if self._escape:
+            self._escape, pos = False, pos + 1
+        end = _STRING_REST.match(chunk, pos).end()  # type: ignore[union-attr]
+        closed = end < len(chunk) and chunk[end] == 0x22
+        if not closed and end < len(chunk):
+            self._escape = True  # a lone backslash is the chunk's last byte
+        if self._key is not None:
+            if len(self._key) + end - start <= _KEY_BYTES:
+                self._key += chunk[start:end]
+            else:
+                self._key = None
+        if not closed:
+            return len(chunk)
+        self._in_string = False
+        if self._key is not None:
+            self._usage_key = _is_usage(bytes(self._key))
+            self._key = None
+        return end + 1
+
+    def _skip_nested(self, chunk: bytes, pos: int) -> bool:
+        """Inside a nested value at `pos`: True (and the state updated) when the chunk does not get back to
+        the top level, found with a few C-speed passes instead of a step per token; False to read it token
+        by token. The chunk is reduced to its quotes and brackets (escaped backslashes and quotes first),
+        strings are removed, then balanced pairs: what is left is the closes and opens that cross it."""
+        rest = chunk[pos:] if pos else chunk
+        flat = rest
+        if b"\\" in flat:
+            flat = flat.replace(b"\\\\", b"").replace(b'\\"', b"")
+        flat = flat.translate(None, _NOT_STRUCTURE).replace(b'""', b"")  # adjacent quotes: string bounds
+        if b'"' in flat:
+            flat = _SKELETON_STRING.sub(b"", flat)
+        quote = flat.find(b'"')  # a string still open at the chunk's end
+        if quote >= 0:
+            flat = flat[:quote]
+        while True:
+            inner = flat.replace(b"{}", b"").replace(b"[]", b"")
+            if len(inner) == len(flat):
+                break
+            flat = inner
+        closes = flat.count(b"}") + flat.count(b"]")
+        if self._depth - closes < 2:
+            return False
+        self._depth += len(flat) - 2 * closes
+        if quote >= 0:
+            self._in_string = True
+            self._escape = (len(rest) - len(rest.rstrip(b"\\"))) % 2 == 1
+        return True
+
+
+def _is_usage(key: bytes) -> bool:
+    if b"\\" not in key:
+        return key == b"usage"
+    try:  # an escaped key (`"us\\u0061ge"`) is the same key to a JSON parser
+        return bool(orjson.loads(b'"' + key + b'"') == "usage")
+    except orjson.JSONDecodeError:
+        return False

@@ -9,10 +9,12 @@ Where OpenAI-compatible servers put the prompt count:
   the chunk that carries `finish_reason` for `/v1/completions`; `/v1/responses` streams carry it in the
   `response.completed` event as `response.usage.input_tokens`.
 
-`SSEUsageParser.feed(chunk)` accepts any chunking (it is tested one byte at a time) and only parses lines
-that mention `"usage"`, so relaying a stream costs a newline scan per chunk, not a JSON parse per event.
-`SSEUsageStripper` undoes what `--inject-stream-usage` added, so the client receives the stream it would
-have received without it.
+`SSEUsageParser.feed(chunk)` accepts any chunking (it is tested one byte at a time), reads events with the
+one SSE reader (core/sse.py) and only parses the data of events that mention `"usage"`; a chunk of whole
+events without the key costs one scan. `SSEUsageStripper` reads the same way and takes out the usage-only
+event `--inject-stream-usage` asked for, so the client receives the stream it would have without it.
+A JSON answer's usage is its top-level `usage` member (`usage_from_json_bytes`, core/buffers.py for big
+answers).
 """
 
 from __future__ import annotations
@@ -23,13 +25,9 @@ from typing import Any
 
 import orjson
 
-from .buffers import USAGE_KEY as _USAGE_KEY
-from .buffers import LineSplitter
+from .sse import MAX_LINE_BYTES, USAGE_KEY, Event, LineReader, ends_with_event
 
-# `"usage": null` as a field of a chunk, with the comma that joins it to its neighbour (either side).
-_NULL_USAGE_AFTER = re.compile(rb',\s*"usage"\s*:\s*null')
-_NULL_USAGE_BEFORE = re.compile(rb'"usage"\s*:\s*null\s*,?')
-_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
+_NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
 
 
 @dataclass(frozen=True)
@@ -82,66 +80,19 @@ def _detail(usage: dict[str, Any], chat_key: str, responses_key: str, field: str
     return None
 
 
-def _balanced_object(data: bytes, start: int) -> bytes | None:
-    """The JSON object starting at data[start] ('{'), found by brace matching outside strings."""
-    depth = 0
-    in_string = False
-    escaped = False
-    for i in range(start, len(data)):
-        c = data[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == 0x5C:  # backslash
-                escaped = True
-            elif c == 0x22:
-                in_string = False
-        elif c == 0x22:
-            in_string = True
-        elif c == 0x7B:
-            depth += 1
-        elif c == 0x7D:
-            depth -= 1
-            if depth == 0:
-                return data[start : i + 1]
-    return None
-
-
 def usage_from_json_bytes(data: bytes) -> Usage | None:
-    """Usage of a JSON response body, or of the tail of one too large to keep whole.
-
-    A full parse when the bytes are a document; otherwise the last `"usage": {...}` object in the bytes.
-    An unescaped `"usage"` can only be a key (inside strings the quotes are escaped), and servers put usage
-    near the end of the body (after `choices` / `data`), so the kept tail still holds it.
-    """
+    """Usage of a JSON answer: its top-level `usage` member, never one nested deeper (a gateway's trace
+    block, a tool result). `data` is the whole answer, or what `JSONUsageWindow` kept of a big one (a
+    document holding only its top-level usage); anything that does not parse has no usage."""
     try:
         return usage_of(orjson.loads(data))
     except orjson.JSONDecodeError:
-        pass
-    for match in reversed(list(_USAGE_OBJECT.finditer(data))):
-        obj = _balanced_object(data, match.end() - 1)
-        if obj is None:
-            continue
-        try:
-            return usage_of({"usage": orjson.loads(obj)})
-        except orjson.JSONDecodeError:
-            continue
-    return None
-
-
-def _data_payload(line: bytes) -> bytes | None:
-    """The value of an SSE `data:` field line (https://html.spec.whatwg.org/#event-stream-interpretation)."""
-    if line.endswith(b"\r"):
-        line = line[:-1]
-    if not line.startswith(b"data:"):
         return None
-    payload = line[5:]
-    return payload[1:] if payload.startswith(b" ") else payload
 
 
-def _event_usage(payload: bytes) -> tuple[Usage | None, Any]:
+def _event_usage(data: bytes) -> tuple[Usage | None, Any]:
     try:
-        obj = orjson.loads(payload)
+        obj = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None, None
     return usage_of(obj), obj
@@ -158,53 +109,75 @@ def _finished_choice_index(obj: Any) -> int | None:
     return None
 
 
-class SSEUsageParser:
-    """Feed SSE bytes in any chunking; `result()` is the request's usage.
+class UsageTally:
+    """The usage of a stream, from the data of its events that mention usage.
 
     That is the last non-null usage seen, except for llama.cpp's `/v1/completions` stream of several prompts:
     there each prompt's usage rides on its own finish chunk (choice index = prompt index) and no total chunk
     follows, so the request's usage is their sum. A `"choices": []` total chunk (OpenAI, vLLM) still wins.
     """
 
+    __slots__ = ("_final", "_per_choice", "_usage")
+
     def __init__(self) -> None:
-        self._lines = LineSplitter()  # an over-long line (no usage event is) is skipped, never held
         self._usage: Usage | None = None
         self._final: Usage | None = None
         self._per_choice: dict[int, Usage] = {}
 
-    def feed(self, chunk: bytes) -> None:
-        if _USAGE_KEY not in chunk and self._lines.at_line_start:
-            # Most chunks: no complete line of it can hold usage, only its unfinished last one may (the key
-            # can straddle into the next chunk). Just that is kept, without splitting the rest into lines.
-            chunk = chunk[chunk.rfind(b"\n") + 1 :]
-            if not chunk:
-                return
-        for line in self._lines.split(chunk)[1]:
-            self._line(line)
-
-    def _line(self, line: bytes) -> None:
-        if _USAGE_KEY not in line:
-            return
-        payload = _data_payload(line)
-        if payload is None:
-            return
-        if line.count(_USAGE_KEY) == 1 and _NULL_USAGE_BEFORE.search(line):
-            return  # OpenAI's `"usage": null` on an ordinary chunk: nothing to parse
-        usage, obj = _event_usage(payload)
+    def event(self, data: bytes) -> bool:
+        """Read one event's data; True when it is a usage-only chunk (what include_usage adds)."""
+        if data.count(USAGE_KEY) == 1 and _NULL_USAGE.search(data):
+            return False  # OpenAI's `"usage": null` on an ordinary chunk: nothing to parse
+        usage, obj = _event_usage(data)
         if usage is None:
-            return
+            return False
         self._usage = usage
         if is_usage_only_chunk(obj):
             self._final = usage
-        elif (index := _finished_choice_index(obj)) is not None:
+            return True
+        if (index := _finished_choice_index(obj)) is not None:
             self._per_choice[index] = usage
+        return False
 
     def result(self) -> Usage | None:
-        if rest := self._lines.rest():  # a last event without its newline: servers do end streams that way
-            self._line(rest)
         if self._final is None and len(self._per_choice) > 1:
             return summed(list(self._per_choice.values()))
         return self._usage
+
+
+class SSEUsageParser:
+    """Feed SSE bytes in any chunking (core/sse.py reads them); `result()` is the stream's usage."""
+
+    def __init__(self) -> None:
+        self._lines = LineReader()
+        self._event = Event()
+        self._tally = UsageTally()
+
+    def feed(self, chunk: bytes) -> None:
+        if (
+            USAGE_KEY not in chunk
+            and self._lines.at_line_start
+            and not self._event.pending
+            and ends_with_event(chunk)
+        ):
+            self._lines.skip(chunk)  # most chunks: whole events, none of which can hold usage
+            return
+        _, lines, tail = self._lines.split(chunk)
+        for raw in lines:
+            self._line(raw)
+        if tail:
+            self._event.overlong()
+
+    def _line(self, raw: bytes) -> None:
+        if self._event.line(raw) and (data := self._event.take()) is not None:
+            self._tally.event(data)
+
+    def result(self) -> Usage | None:
+        if rest := self._lines.rest():  # a last line without its line end: servers do end streams that way
+            self._line(rest)
+        if (data := self._event.take()) is not None:  # and a last event without its blank line
+            self._tally.event(data)
+        return self._tally.result()
 
 
 def summed(parts: list[Usage]) -> Usage:
@@ -227,59 +200,112 @@ def is_usage_only_chunk(obj: Any) -> bool:
 
 
 class SSEUsageStripper:
-    """Turns a stream requested with an injected `stream_options.include_usage` back into the original.
+    """Takes out of a stream the usage-only event that `--inject-stream-usage` asked for, and reads its usage.
 
-    Two things differ from the stream the client would have received: the usage-only final chunk (dropped
-    with the blank line that ends its event) and `"usage": null` on every other chunk (OpenAI adds it when
-    include_usage is set; removed byte-wise so the rest of the line stays byte-identical). Usage on a chunk
-    that has choices is left alone: llama.cpp's completions finish chunk carries it with or without the
-    option. Works on whole lines, so a line is held back only until its newline arrives, and at most
-    `MAX_LINE_BYTES` of it (buffers.py): a longer line is passed on unchanged as its bytes arrive.
+    Each event's lines are held until the blank line that ends it (a client dispatches an event only then, so
+    no event is delayed) and at most `MAX_LINE_BYTES` of them: a longer event is passed on as it comes. An
+    event whose data is a usage-only chunk (`"choices": []` and usage: the chunk include_usage adds,
+    https://platform.openai.com/docs/api-reference/chat/create#chat-create-stream_options) is dropped whole,
+    with its `event:`, `id:`, comment lines and line ends; every other byte passes unchanged. A comment
+    outside an event (a keep-alive) is never held.
+
+    `"usage": null` on the other chunks is left as sent: OpenAI adds it when include_usage is set, but servers
+    that serialise the SDK's chunk objects send it on every chunk unasked, and the two cannot be told apart.
+    Usage on a chunk that has choices is left too: llama.cpp's completions finish chunk carries it with or
+    without the option.
     """
 
-    def __init__(self, parser: SSEUsageParser) -> None:
-        self._parser = parser
-        self._lines = LineSplitter()
-        self._drop_blank = False
+    def __init__(self) -> None:
+        self._lines = LineReader()
+        self._event = Event()
+        self._tally = UsageTally()
+        self._held: list[bytes] = []
+        self._held_bytes = 0
+        self._passing = False  # the event went over the hold limit: the rest of it passes as it comes
+        self._dropped = False  # the last line end was dropped: the LF completing its CRLF goes too
+        self.stripped = 0  # usage-only events taken out
 
     @property
     def held(self) -> int:
-        """Bytes received and not yet passed on (at most one line's worth, `MAX_LINE_BYTES`)."""
-        return self._lines.held
+        """Bytes received and not yet passed on (at most about `MAX_LINE_BYTES`)."""
+        return self._held_bytes + self._lines.held
+
+    def result(self) -> Usage | None:
+        return self._tally.result()
 
     def feed(self, chunk: bytes) -> bytes:
-        self._parser.feed(chunk)
+        if (
+            USAGE_KEY not in chunk
+            and not self._held
+            and not self._passing
+            and not self._dropped
+            and self._lines.at_line_start
+            and not self._event.pending
+            and ends_with_event(chunk)
+        ):
+            self._lines.skip(chunk)  # whole events that cannot be the usage chunk: passed as they are
+            return chunk
         head, lines, tail = self._lines.split(chunk)
-        out = [head] if head else []
-        for line in lines:
-            kept = self._line(line)
-            if kept is not None:
-                out.append(kept + b"\n")
-        if tail:  # the start of an over-long line: not an event to strip, never held hostage
-            self._drop_blank = False
+        out: list[bytes] = []
+        if head:
+            if self._held:
+                self._hold(head, out)
+            elif not self._dropped:
+                out.append(head)
+        self._dropped = False
+        for raw in lines:
+            self._line(raw, out)
+        if tail:  # an over-long line starts: never held, and its event is not one to drop
+            self._event.overlong()
+            self._release(out)
+            self._passing = True
             out.append(tail)
         return b"".join(out)
 
     def flush(self) -> bytes:
-        rest = self._lines.rest()
-        line = self._line(rest) if rest else None
-        return line or b""
+        """The end of the stream: a last line and event without their line ends are read as ended."""
+        out: list[bytes] = []
+        if rest := self._lines.rest():
+            self._line(rest, out)
+        if self._event.pending or self._held:
+            self._end(out)
+        return b"".join(out)
 
-    def _line(self, line: bytes) -> bytes | None:
-        if self._drop_blank:
-            self._drop_blank = False
-            if line in (b"", b"\r"):
-                return None
-        if _USAGE_KEY not in line:
-            return line
-        payload = _data_payload(line)
-        if payload is None:
-            return line
-        _, obj = _event_usage(payload)
-        if is_usage_only_chunk(obj):
-            self._drop_blank = True
-            return None
-        stripped, n = _NULL_USAGE_AFTER.subn(b"", line, count=1)
-        if n:
-            return stripped
-        return _NULL_USAGE_BEFORE.sub(b"", line, count=1)
+    def _line(self, raw: bytes, out: list[bytes]) -> None:
+        self._dropped = False
+        ended = self._event.line(raw)
+        if self._passing:
+            out.append(raw)
+            if ended:
+                self._passing = False
+                self._event.take()
+        elif ended:
+            self._held.append(raw)
+            self._end(out)
+        elif not self._held and raw[:1] == b":":
+            out.append(raw)  # a comment outside any event (a keep-alive): not part of an event to drop
+        else:
+            self._hold(raw, out)
+
+    def _hold(self, raw: bytes, out: list[bytes]) -> None:
+        self._held.append(raw)
+        self._held_bytes += len(raw)
+        if self._held_bytes > MAX_LINE_BYTES:  # not a usage chunk (a few hundred bytes): pass it on
+            self._event.overlong()
+            self._release(out)
+            self._passing = True
+
+    def _end(self, out: list[bytes]) -> None:
+        data = self._event.take()
+        if data is not None and self._tally.event(data):
+            self._held.clear()
+            self._held_bytes = 0
+            self._dropped = True
+            self.stripped += 1
+        else:
+            self._release(out)
+
+    def _release(self, out: list[bytes]) -> None:
+        out.extend(self._held)
+        self._held.clear()
+        self._held_bytes = 0

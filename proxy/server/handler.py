@@ -19,7 +19,7 @@ from proxy.server.metrics import Metrics
 from proxy.server.pool import AnalysisPool
 from proxy.server.problems import ProblemLog
 from proxy.server.records import AnalysisJob
-from proxy.server.relay import UsageTap, client_response, is_event_stream, relay
+from proxy.server.relay import UsageTap, client_response, relay
 from proxy.server.upstream import FAILURE_STATUS, UpstreamFailed, error_response, open_upstream
 
 
@@ -80,10 +80,10 @@ async def _handle(request: web.Request) -> web.StreamResponse:
             if status >= 500:
                 ctx.metrics.upstream_error("status_5xx")
             if req.tokenizer_key is not None and 200 <= status < 300:
-                tap = UsageTap(is_event_stream(upstream), req.injected)
+                tap = UsageTap.of(upstream, req.injected)
             elif req.skipped and 200 <= status < 300:  # where it would have been analysed: counted once
                 ctx.metrics.skipped(req.model_label, req.endpoint_label)
-            response = client_response(upstream, req.injected and tap is not None and tap.streamed)
+            response = client_response(upstream, tap is not None and tap.strips)
             await _last_if_chunked(request, response).prepare(request)
             stage = "response"
             if (kind := await relay(request, upstream, response, tap)) is not None:
@@ -97,6 +97,8 @@ async def _handle(request: web.Request) -> web.StreamResponse:
     finally:
         ctx.metrics.relayed(req.model_label, req.endpoint_label, status)
         if tap is not None:
+            if (result := tap.injection_result()) is not None:
+                ctx.metrics.injection(result)
             ctx.pool.submit(_job(req, tap))
 
 

@@ -95,15 +95,52 @@ def json_content_type(ctype: str | None) -> bool:
     return main == "application/json" or (main.startswith("application/") and main.endswith("+json"))
 
 
-def wants_injection(obj: dict[str, Any]) -> bool:
-    """A streaming request that did not ask for usage; other stream_options keys (vLLM's
-    continuous_usage_stats) would change every chunk once usage is on, so those are left alone."""
-    if obj.get("stream") is not True:
-        return False
+def wants_usage(obj: dict[str, Any]) -> bool:
+    """A streaming request that did not ask for usage (`stream_options` absent: the one shape whose stream
+    islwatch can restore exactly after asking; see `injection_refused`)."""
     opts = obj.get("stream_options")
-    return opts is None or (
-        isinstance(opts, dict) and set(opts) <= {"include_usage"} and not opts.get("include_usage")
-    )
+    return obj.get("stream") is True and not (isinstance(opts, dict) and opts.get("include_usage") is True)
+
+
+def injection_refused(obj: dict[str, Any], accept_encoding: str | None) -> str | None:
+    """Why asking this request's usage upstream would change what its client receives (an
+    INJECTION_RESULTS skip reason), or None when the stripper can undo it.
+
+    - The body already holds `stream_options` (include_usage false, null, or with other keys such as vLLM's
+      continuous_usage_stats): turning it on could change every chunk, and rewriting a member in place is
+      not worth the risk to the client's bytes.
+    - The client accepts a compressed answer: the server may then compress the stream, and a compressed
+      stream cannot be edited without re-encoding it (other bytes). An absent Accept-Encoding is taken as
+      identity, as uvicorn's and Starlette's GZipMiddleware do (RFC 9110 12.5.3 allows any coding there, but
+      no server compresses without being asked)."""
+    if "stream_options" in obj:
+        return "skipped_options"
+    if accepts_compression(accept_encoding):
+        return "skipped_encoding"
+    return None
+
+
+def accepts_compression(accept_encoding: str | None) -> bool:
+    """The Accept-Encoding field lists a coding other than identity with a non-zero weight (RFC 9110 12.5.3)."""
+    for item in (accept_encoding or "").split(","):
+        coding, _, params = item.partition(";")
+        coding = coding.strip().lower()
+        if coding in ("", "identity"):
+            continue
+        weight = params.strip().lower().replace(" ", "")
+        if weight.startswith("q=") and weight[2:].rstrip("0").rstrip(".") in ("0", ""):
+            continue
+        return True
+    return False
+
+
+def with_stream_usage(body: bytes) -> bytes:
+    """`body` asking for usage: `"stream_options":{"include_usage":true}` added as the last member of its
+    root object, every other byte as the client sent it (numbers beyond 64 bits, duplicate or escaped keys,
+    whitespace: a re-serialised object would change them). `body` is a JSON object with members (orjson
+    parsed it and `stream` is one), so its last byte that is not JSON whitespace is the root's `}`."""
+    end = len(body.rstrip(b" \t\r\n")) - 1
+    return body[:end] + b',"stream_options":{"include_usage":true}' + body[end:]
 
 
 async def inspect(request: web.Request, policy: Policy, metrics: Metrics, problems: ProblemLog) -> Inspected:
@@ -138,7 +175,8 @@ async def inspect(request: web.Request, policy: Policy, metrics: Metrics, proble
         metrics.bad_request(reason)
         problems(reason, "%s request not analysed (%d bytes)", endpoint, len(body))
         return Inspected(endpoint, body, body)
-    return _routed(endpoint, body, parsed, policy, metrics, problems)
+    accept_encoding = ",".join(request.headers.getall("Accept-Encoding", ())) or None
+    return _routed(endpoint, body, parsed, policy, metrics, problems, accept_encoding)
 
 
 def _routed(
@@ -148,6 +186,7 @@ def _routed(
     policy: Policy,
     metrics: Metrics,
     problems: ProblemLog,
+    accept_encoding: str | None = None,
 ) -> Inspected:
     route = route_model(parsed.get("model"), policy.models, policy.has_default_tokenizer)
     if route.unknown:
@@ -158,12 +197,16 @@ def _routed(
     if skipped:  # no tap and no usage injection either: a skipped request costs the relay only
         key = None
     data: bytes = body
-    injected = (
+    injected = False
+    if (
         policy.inject_stream_usage
         and key is not None
         and SHAPES[endpoint].include_usage
-        and wants_injection(parsed)
-    )
-    if injected:  # ask for usage upstream; the tap hides it from the client again
-        data = orjson.dumps({**parsed, "stream_options": {"include_usage": True}})
+        and wants_usage(parsed)
+    ):
+        refused = injection_refused(parsed, accept_encoding)
+        if refused is not None:  # relayed as sent: this stream has no server usage
+            metrics.injection(refused)
+        else:  # ask for usage upstream; the tap takes it out of the client's stream again
+            data, injected = with_stream_usage(body), True
     return Inspected(endpoint, data, body, parsed, route.label, key, injected, skipped)

@@ -23,6 +23,7 @@ from proxy.server.metric_families import (
     CUT_REASONS,
     DISCONNECT_STAGES,
     ENGINE_SCRAPE_RESULTS,
+    INJECTION_RESULTS,
     UPSTREAM_ERROR_KINDS,
     USAGE_FIELDS,
     families,
@@ -58,6 +59,7 @@ class Metrics:
     fallback: Counter
     upstream_errors: Counter
     upstream_retries: Counter
+    stream_usage_injections: Counter
     bad_requests: Counter
     analysis_errors: Counter
     proxy_errors: Counter
@@ -106,6 +108,10 @@ class Metrics:
 
     def upstream_error(self, kind: str) -> None:
         self.child(self.upstream_errors, kind).inc()
+
+    def injection(self, result: str) -> None:
+        """One INJECTION_RESULTS outcome of --inject-stream-usage."""
+        self.child(self.stream_usage_injections, result).inc()
 
     def upstream_retried(self) -> None:
         self.upstream_retries.inc()
@@ -290,6 +296,8 @@ def build_metrics(registry: CollectorRegistry, process_metrics: bool = True) -> 
         metrics.connections_cut.labels(reason=reason)
     for stage in DISCONNECT_STAGES:
         metrics.client_disconnects.labels(stage=stage)
+    for result in INJECTION_RESULTS:
+        metrics.stream_usage_injections.labels(result=result)
     for stage in ANALYSIS_STAGES:
         metrics.analysis_errors.labels(stage=stage)
     if process_metrics:

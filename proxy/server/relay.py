@@ -1,14 +1,16 @@
 """Relaying the upstream's answer: each chunk to the client as it arrives, while a usage tap watches the bytes.
 
-The tap never changes what the client receives, except to undo what `--inject-stream-usage` added
-(core/usage.py `SSEUsageStripper`). Of a JSON answer, only what its usage can be read from is kept for the
-worker (core/buffers.py `JSONUsageWindow`: bounded bytes, wherever usage sits); an event stream is parsed as
-it passes (`SSEUsageParser`).
+The tap never changes what the client receives, except to take out the usage-only event that
+`--inject-stream-usage` asked for (core/usage.py `SSEUsageStripper`). Of a JSON answer, only what its
+top-level usage can be read from is kept for the worker (core/buffers.py `JSONUsageWindow`); an event stream
+is parsed as it passes (core/sse.py, `SSEUsageParser`). A compressed answer is read through a decompressing
+copy: the client gets the upstream's bytes as they come, never held for the decoder.
 """
 
 from __future__ import annotations
 
 import logging
+import zlib
 
 import aiohttp
 from aiohttp import hdrs, web
@@ -19,27 +21,76 @@ from proxy.server.upstream import failure_kind, forward_headers
 
 log = logging.getLogger("islwatch.proxy")
 
+# Content codings the tap can read through (RFC 9110 8.4.1): gzip, and deflate (zlib; wbits 32+15 takes
+# either header). Others (br, zstd, several codings) are relayed as sent and their usage is not read.
+_ZLIB_CODINGS = frozenset({"gzip", "x-gzip", "deflate"})
+_DECODE_STEP = 1 << 20  # decompressed bytes produced per step: memory stays bounded whatever the ratio
+
+
+class Decoder:
+    """A decompressing copy of a gzip or deflate body, for the tap only; None after bytes it cannot read."""
+
+    def __init__(self) -> None:
+        self._z = zlib.decompressobj(32 + zlib.MAX_WBITS)
+        self.failed = False
+
+    def decode(self, chunk: bytes) -> list[bytes]:
+        out: list[bytes] = []
+        if self.failed:
+            return out
+        try:
+            data = chunk
+            while data:
+                piece = self._z.decompress(data, _DECODE_STEP)
+                if piece:
+                    out.append(piece)
+                data = self._z.unconsumed_tail
+                if self._z.eof:  # a gzip body may hold several members (RFC 1952 2.2)
+                    data = self._z.unused_data + data
+                    self._z = zlib.decompressobj(32 + zlib.MAX_WBITS)
+        except zlib.error:
+            self.failed = True
+        return out
+
+
+def content_coding(upstream: aiohttp.ClientResponse) -> str:
+    """The answer's content coding, lower case; "" for identity."""
+    coding = ",".join(upstream.headers.getall(hdrs.CONTENT_ENCODING, ())).strip().lower()
+    return "" if coding == "identity" else coding
+
 
 class UsageTap:
     """Reads the server's usage from the response bytes that pass through it, holding a bounded number of
-    them: a JSON answer is kept whole up to JSON_WHOLE_BYTES, and only windows after its `"usage"` keys beyond."""
+    them: a JSON answer is kept whole up to JSON_WHOLE_BYTES, beyond only its top-level usage value."""
 
-    def __init__(self, sse: bool, strip: bool) -> None:
-        self.parser = SSEUsageParser() if sse else None
-        self.stripper = SSEUsageStripper(self.parser) if sse and strip and self.parser else None
-        self.json = None if sse else JSONUsageWindow(whole=JSON_WHOLE_BYTES)
+    def __init__(self, sse: bool, strip: bool, coding: str = "") -> None:
+        readable = coding == "" or coding in _ZLIB_CODINGS
+        self.decoder = Decoder() if coding in _ZLIB_CODINGS else None
+        # Only an identity stream is edited; a compressed one is relayed as sent (inspect.py does not ask for
+        # usage when the client accepts compression, so this is a server that compressed unasked).
+        self.stripper = SSEUsageStripper() if sse and strip and not coding else None
+        self.parser = SSEUsageParser() if sse and self.stripper is None and readable else None
+        self.json = JSONUsageWindow(whole=JSON_WHOLE_BYTES) if not sse and readable else None
+        self.streamed = sse
+        self.injected = strip
+
+    @classmethod
+    def of(cls, upstream: aiohttp.ClientResponse, injected: bool) -> UsageTap:
+        return cls(is_event_stream(upstream), injected, content_coding(upstream))
 
     @property
-    def streamed(self) -> bool:
-        return self.parser is not None
+    def strips(self) -> bool:
+        """The client's body differs from the upstream's (so its length is not forwarded)."""
+        return self.stripper is not None
 
     def feed(self, chunk: bytes) -> bytes:
         if self.stripper is not None:
             return self.stripper.feed(chunk)
-        if self.parser is not None:
-            self.parser.feed(chunk)
-        elif self.json is not None:
-            self.json.feed(chunk)
+        for data in self.decoder.decode(chunk) if self.decoder is not None else (chunk,):
+            if self.parser is not None:
+                self.parser.feed(data)
+            elif self.json is not None:
+                self.json.feed(data)
         return chunk
 
     def flush(self) -> bytes:
@@ -47,10 +98,24 @@ class UsageTap:
 
     def usage(self) -> Usage | None:
         """A stream's whole usage (JSON answers are read by the worker, from `response_json`)."""
+        if self.decoder is not None and self.decoder.failed:
+            return None
+        if self.stripper is not None:
+            return self.stripper.result()
         return self.parser.result() if self.parser is not None else None
 
     def response_json(self) -> bytes | None:
-        return self.json.kept() if self.json is not None else None
+        if self.json is None or (self.decoder is not None and self.decoder.failed):
+            return None
+        return self.json.kept()
+
+    def injection_result(self) -> str | None:
+        """This answer's INJECTION_RESULTS outcome, for a stream whose usage was asked for."""
+        if not (self.injected and self.streamed):
+            return None
+        if self.stripper is None:
+            return "compressed"
+        return "stripped" if self.stripper.stripped else "not_found"
 
 
 class RelayedResponse(web.StreamResponse):
@@ -84,16 +149,18 @@ class RelayedResponse(web.StreamResponse):
         self.headers.extend(sent + added)
 
 
-def client_response(upstream: aiohttp.ClientResponse, injected: bool) -> web.StreamResponse:
+def client_response(upstream: aiohttp.ClientResponse, strips: bool) -> web.StreamResponse:
     """Same status, reason and headers as the upstream's (minus hop-by-hop; minus the length when the
-    injected usage is stripped from the body), each field line as the upstream sent it (headers.py)."""
+    injected usage is taken out of the body), each field line as the upstream sent it (headers.py)."""
     response = RelayedResponse(status=upstream.status, reason=upstream.reason)
-    response.headers.extend(forward_headers(upstream.raw_headers, drop_length=injected))
+    response.headers.extend(forward_headers(upstream.raw_headers, drop_length=strips))
     return response
 
 
 def is_event_stream(upstream: aiohttp.ClientResponse) -> bool:
-    return upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+    """The media type is text/event-stream: case-insensitive, parameters aside (RFC 9110 8.3.1)."""
+    ctype = upstream.headers.get(hdrs.CONTENT_TYPE, "")
+    return ctype.split(";", 1)[0].strip().lower() == "text/event-stream"
 
 
 async def relay(

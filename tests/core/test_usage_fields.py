@@ -7,6 +7,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from proxy.core.buffers import JSONUsageWindow
 from proxy.core.usage import SSEUsageParser, Usage, usage_from_json_bytes, usage_of
 from tests.server.helpers import load_recorded, recorded_fixtures
 
@@ -130,13 +131,16 @@ def test_responses_json_and_its_details() -> None:
     assert usage_from_json_bytes(orjson.dumps(body)) == Usage(36, 5, 41, cached_tokens=16, reasoning_tokens=2)
 
 
-def test_the_tail_of_a_large_body_keeps_the_details() -> None:
-    """A body cut at the front (the proxy keeps the tail of large answers) still yields every field."""
+def test_a_large_body_keeps_the_details() -> None:
+    """What the proxy keeps of a large answer (its top-level usage value) still yields every field."""
     body = orjson.dumps(
-        {"data": [{"embedding": [0.5] * 4000}],
+        {"data": [{"embedding": [0.5] * 40000}],
          "usage": {"prompt_tokens": 12, "total_tokens": 12, "prompt_tokens_details": {"cached_tokens": 4}}}
     )  # fmt: skip
-    assert usage_from_json_bytes(body[len(body) // 2 :]) == Usage(12, None, 12, cached_tokens=4)
+    window = JSONUsageWindow()
+    for i in range(0, len(body), 4096):
+        window.feed(body[i : i + 4096])
+    assert usage_from_json_bytes(window.kept()) == Usage(12, None, 12, cached_tokens=4)
 
 
 def test_several_prompts_sum_every_field() -> None:

@@ -53,6 +53,7 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "islwatch_fallback_total": frozenset({"model", "reason"}),
     "islwatch_upstream_errors_total": frozenset({"kind"}),
     "islwatch_upstream_retries_total": frozenset(),
+    "islwatch_stream_usage_injections_total": frozenset({"result"}),
     "islwatch_bad_requests_total": frozenset({"reason"}),
     "islwatch_tokenizer_info": frozenset(
         {"model", "tokenizer", "revision", "template_sha256", "tokenizer_sha256", "transformers_version"}

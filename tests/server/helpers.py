@@ -187,9 +187,14 @@ def build_test_upstream(state: UpstreamState) -> web.Application:
         if mode.startswith("openai-sse"):
             parsed = orjson.loads(body)
             include = bool((parsed.get("stream_options") or {}).get("include_usage"))
+            # ":always-null": a server that serialises SDK chunk objects sends `"usage": null` unasked.
+            always_null = mode == "openai-sse:always-null"
+            events = sse_events(include or always_null, null_usage=True)
+            if always_null and not include:
+                events = [*events[:-2], events[-1]]  # no usage-only chunk when not asked
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Date": FIXED_DATE})
             await resp.prepare(request)
-            for event in sse_events(include, null_usage=True):
+            for event in events:
                 await resp.write(event)
             await resp.write_eof()
             return resp

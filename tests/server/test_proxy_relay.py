@@ -316,27 +316,33 @@ async def test_relays_chunk_by_chunk_not_buffered(servers: Servers) -> None:
         assert await server_tokens_counted(s, servers.faults.admin_url, before) == 7
 
 
-async def test_inject_stream_usage_client_stream_unchanged(servers: Servers) -> None:
+# aiohttp's client accepts gzip unless told otherwise; a client that accepts a compressed answer is not
+# asked usage for (inspect.injection_refused): these clients take identity, as curl does by default.
+IDENTITY = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+
+
+@pytest.mark.parametrize("mode", ["openai-sse", "openai-sse:always-null"])
+async def test_inject_stream_usage_client_stream_unchanged(servers: Servers, mode: str) -> None:
+    """The usage-only event is taken out; a server's `"usage": null` on every chunk is left as sent (OpenAI
+    adds it only when asked, which cannot be told from a server that always sends it)."""
     body = orjson.dumps({**CHAT, "stream": True})
     async with aiohttp.ClientSession() as s:
         before = await fetch_metrics(s, servers.faults.admin_url)
+        headers = {MODE_HEADER: mode, **IDENTITY}
         direct = await _fetch(
-            s,
-            "POST",
-            servers.upstream + "/v1/chat/completions",
-            data=body,
-            headers={MODE_HEADER: "openai-sse", "Content-Type": "application/json"},
+            s, "POST", servers.upstream + "/v1/chat/completions", data=body, headers=headers
         )
         proxied = await _fetch(
-            s,
-            "POST",
-            servers.faults.url + "/v1/chat/completions",
-            data=body,
-            headers={MODE_HEADER: "openai-sse", "Content-Type": "application/json"},
+            s, "POST", servers.faults.url + "/v1/chat/completions", data=body, headers=headers
         )
-        assert direct == proxied and b'"usage"' not in proxied[2]
         sent = orjson.loads(servers.state.requests[-1]["body"])
         assert sent["stream_options"] == {"include_usage": True}  # asked upstream ...
+        assert b'"choices":[]' not in proxied[2]  # ... and the usage-only event taken out again
+        if mode == "openai-sse:always-null":
+            assert direct == proxied
+        else:
+            assert proxied[:2] == direct[:2]
+            assert proxied[2].replace(b',"usage":null', b"") == direct[2]
         assert await server_tokens_counted(s, servers.faults.admin_url, before) == 12
 
 
@@ -344,12 +350,11 @@ async def test_inject_stream_usage_against_the_emulator(servers: Servers) -> Non
     body = orjson.dumps({**CHAT, "stream": True})
     async with aiohttp.ClientSession() as s:
         before = await fetch_metrics(s, servers.inject.admin_url)
-        json_ct = {"Content-Type": "application/json"}
         direct = await _fetch(
-            s, "POST", servers.emulator + "/v1/chat/completions", data=body, headers=json_ct
+            s, "POST", servers.emulator + "/v1/chat/completions", data=body, headers=IDENTITY
         )
         proxied = await _fetch(
-            s, "POST", servers.inject.url + "/v1/chat/completions", data=body, headers=json_ct
+            s, "POST", servers.inject.url + "/v1/chat/completions", data=body, headers=IDENTITY
         )
         after = await wait_metrics(
             s,
@@ -364,6 +369,9 @@ async def test_inject_stream_usage_against_the_emulator(servers: Servers) -> Non
     assert direct == proxied
     assert value(after, "islwatch_isl_match_total", result="no_server_count") == value(
         before, "islwatch_isl_match_total", result="no_server_count"
+    )
+    assert value(after, "islwatch_stream_usage_injections_total", result="stripped") == 1 + value(
+        before, "islwatch_stream_usage_injections_total", result="stripped"
     )
 
 

@@ -100,27 +100,29 @@ def test_responses_api_events() -> None:
     assert usage_of(done["response"]) == Usage(21, 4, 25, 2)  # the non-streamed response object
 
 
-def test_json_usage_from_a_tail() -> None:
+def test_json_usage_of_the_whole_answer_only() -> None:
     body = orjson.dumps(
         {"data": [{"embedding": [0.5] * 2000}], "usage": {"prompt_tokens": 8, "total_tokens": 8}}
     )
     assert usage_from_json_bytes(body).input_tokens == 8
-    assert usage_from_json_bytes(body[-200:]).input_tokens == 8  # a kept tail still holds the usage
+    assert usage_from_json_bytes(body[-200:]) is None  # a tail is not an answer: its usage may be nested
     assert usage_from_json_bytes(b'{"content": "\\"usage\\": {\\"prompt_tokens\\": 3}"}') is None
     assert usage_from_json_bytes(b"not json") is None
 
 
 @pytest.mark.parametrize("null_usage", [True, False])
-def test_stripper_restores_the_stream_the_client_asked_for(null_usage: bool) -> None:
+def test_stripper_takes_out_the_usage_only_event(null_usage: bool) -> None:
+    """The usage-only event goes; `"usage": null` on the other chunks stays (a server may send it unasked)."""
     injected = b"".join(sse_events(include_usage=True, null_usage=null_usage))
-    plain = b"".join(sse_events(include_usage=False, null_usage=null_usage))
+    plain = b"".join(
+        e for e in sse_events(include_usage=True, null_usage=null_usage) if b'"choices":[]' not in e
+    )
     for step in (1, 3, len(injected)):
-        parser = SSEUsageParser()
-        stripper = SSEUsageStripper(parser)
+        stripper = SSEUsageStripper()
         out = b"".join(stripper.feed(injected[i : i + step]) for i in range(0, len(injected), step))
         out += stripper.flush()
         assert out == plain
-        assert parser.result() is not None and parser.result().input_tokens == 12
+        assert stripper.result() is not None and stripper.result().input_tokens == 12
 
 
 @pytest.mark.skipif(not FIXTURES, reason="shared llama-server fixtures absent")
@@ -128,11 +130,11 @@ def test_stripper_keeps_llama_cpp_completions_finish_chunk_usage() -> None:
     # llama.cpp's completions stream carries usage on the finish chunk (with choices), with or without
     # include_usage: it is not an injected extra, so it stays.
     rec = load_recorded(FIXTURE_DIR_FILE("llama-3-8b-instruct.completions_stream_include_usage"))
-    stripper = SSEUsageStripper(SSEUsageParser())
+    stripper = SSEUsageStripper()
     assert stripper.feed(rec.body) + stripper.flush() == rec.body
     # The chat recording's usage-only chunk is the injected extra: dropped, everything else kept.
     chat = load_recorded(FIXTURE_DIR_FILE("llama-3-8b-instruct.chat_stream_include_usage"))
-    stripper = SSEUsageStripper(SSEUsageParser())
+    stripper = SSEUsageStripper()
     out = stripper.feed(chat.body) + stripper.flush()
     events = [e for e in chat.body.split(b"\n\n") if e]
     assert out == b"".join(e + b"\n\n" for e in events if b'"choices":[]' not in e)
