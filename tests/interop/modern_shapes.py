@@ -1,7 +1,7 @@
 """Chat shapes for llama-server on the modern families (Qwen3, gpt-oss): the interop chat shapes, the agent
 shapes the vLLM oracle runs (tests/vllm_oracle/oracle_shapes.py: reasoning with tool calls, parallel calls,
 5 and 20 rounds, reasoning effort, thinking off, developer role), and one shape per llama.cpp rule that
-core/llama_cpp.py models, each naming it. `status` is llama-server's answer: 200, or the 400 / 500 islwatch
+core/flavors/llama_cpp.py models, each naming it. `status` is llama-server's answer: 200, or the 400 / 500 islwatch
 predicts as `server_would_refuse` / `invalid_body`. Bodies carry only what shapes the prompt.
 """
 
@@ -10,11 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_oracle.oracle_shapes import AGENT, AGENT_TOOLS, ASK, SYSTEM, THOUGHT, thinking, weather_call
-from vllm_server.vllm_shapes import tool as tool_result
-from vllm_server.vllm_shapes import user
-
-from interop.interop_shapes import CHAT as INTEROP_CHAT
+from tests.interop.interop_shapes import CHAT as INTEROP_CHAT
+from tests.vllm_oracle.oracle_shapes import AGENT, AGENT_TOOLS, ASK, SYSTEM, THOUGHT, thinking, weather_call
+from tests.vllm_server.vllm_shapes import tool as tool_result
+from tests.vllm_server.vllm_shapes import user
 
 QWEN3 = "qwen3"
 GPT_OSS = "gpt-oss"

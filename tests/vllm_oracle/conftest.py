@@ -18,13 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from oracle_proc import FAMILIES, Oracle, OracleProcess, launch, model_folder, stop
-from vllm_server.vllm_proc import INSTALL_SCRIPT, REPO, VllmUnavailable, venv_python
 
-from proxy.core.harmony_vocab import vocab_dir
+from proxy.core.renderers.harmony_vocab import vocab_dir
 from proxy.core.specs import TESTED_VERSIONS
 from tests.conftest import SHARED_TOKENIZERS, unavailable
 from tests.lifetimes import release_after_directory
+from tests.vllm_oracle.oracle_proc import FAMILIES, Oracle, OracleProcess, launch, model_folder, stop
+from tests.vllm_server.vllm_proc import INSTALL_SCRIPT, REPO, VllmUnavailable, venv_python
 
 HARMONY_FAMILY = "gpt-oss"
 # How many oracle processes share the families (each pays vLLM's imports once; oracle_proc.py). 14 gives
@@ -55,7 +55,7 @@ def oracle_python(release: str) -> str:
 
 def harmony_vocab() -> dict[str, str]:
     """openai-harmony's vocabulary for gpt-oss, offline: the oracles' $TIKTOKEN_ENCODINGS_BASE is the folder
-    islwatch derives it into (core/harmony_vocab.py)."""
+    islwatch derives it into (core/renderers/harmony_vocab.py)."""
     return {"TIKTOKEN_ENCODINGS_BASE": str(vocab_dir(SHARED_TOKENIZERS / HARMONY_FAMILY))}
 
 
