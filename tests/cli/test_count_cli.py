@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from builders import save_tokenizer
-from conftest import FAMILIES, shared_dir
 
 from proxy.core.tokenizer import load_tokenizer
+from tests.builders import save_tokenizer
+from tests.conftest import FAMILIES, shared_dir
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
 

@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from builders import save_tokenizer
+
+from tests.builders import save_tokenizer
 
 # The [INST] template (tests/builders.py) raises on a system role and on roles that do not alternate.
 SYSTEM = {
@@ -59,7 +60,7 @@ def test_a_request_the_template_renders_is_not_refused(inst: str) -> None:
 
 def test_no_template_is_counted_bare_not_refused(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Without a chat template islwatch counts bare and the server may still serve it: not a refusal."""
-    from builders import build_tokenizer
+    from tests.builders import build_tokenizer
 
     tok = build_tokenizer("chatml")
     tok.chat_template = None

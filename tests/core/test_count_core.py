@@ -6,8 +6,6 @@ import json
 from typing import Any
 
 import pytest
-from builders import build_tokenizer
-from conftest import load_builtin
 
 from proxy.core.count import (
     BARE_FALLBACK,
@@ -21,6 +19,8 @@ from proxy.core.count import (
 )
 from proxy.core.extract import chat_input
 from proxy.core.tokens import iterates_content_parts
+from tests.builders import build_tokenizer
+from tests.conftest import load_builtin
 
 
 def independent_chat_ids(tok: Any, messages: list[dict[str, Any]], **kw: Any) -> list[int]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from builders import build_tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.core.count import CountResult, count_request
 from proxy.core.endpoints import Endpoint
+from tests.builders import build_tokenizer
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),

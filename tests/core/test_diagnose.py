@@ -11,12 +11,12 @@ from functools import cache
 from typing import Any
 
 import pytest
-from builders import build_tokenizer
-from conftest import load_shared
 
 from proxy.core import causes
 from proxy.core import diagnose as d
 from proxy.core.count import CountResult, count_request
+from tests.builders import build_tokenizer
+from tests.conftest import load_shared
 
 PROFILE = d.DriftProfile(
     has_template=True,

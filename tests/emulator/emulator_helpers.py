@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from conftest import load_builtin, load_shared
 
 from proxy.emulator.app import EmulatorConfig, build_emulator_app
 from proxy.emulator.faults import parse_faults
+from tests.conftest import load_builtin, load_shared
 
 CHAT = "/v1/chat/completions"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]

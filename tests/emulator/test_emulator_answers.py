@@ -7,12 +7,12 @@ import struct
 from typing import Any
 
 import pytest
-from builders import build_tokenizer
-from conftest import load_builtin
-from emulator_helpers import CHAT, FRANCE, SYSTEM, emulator, encode_len, post, tokenizer_of
 
 from proxy.emulator.answers import embedding
 from proxy.emulator.counting import NOT_TEXT
+from tests.builders import build_tokenizer
+from tests.conftest import load_builtin
+from tests.emulator.emulator_helpers import CHAT, FRANCE, SYSTEM, emulator, encode_len, post, tokenizer_of
 
 
 @pytest.mark.parametrize(

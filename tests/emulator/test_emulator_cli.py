@@ -10,11 +10,11 @@ import sys
 
 import orjson
 import pytest
-from conftest import REPO, load_builtin
-from emulator_helpers import FRANCE, direct_count
 
 from proxy.cli import main as cli_main
 from proxy.cli.emulate import parse_listen
+from tests.conftest import REPO, load_builtin
+from tests.emulator.emulator_helpers import FRANCE, direct_count
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 

@@ -6,11 +6,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from conftest import load_builtin
-from emulator_helpers import FRANCE, THREE, direct_count, encode_len, responses_count
 from openai import AsyncOpenAI
 
 from proxy.emulator.app import EmulatorConfig, build_emulator_app
+from tests.conftest import load_builtin
+from tests.emulator.emulator_helpers import FRANCE, THREE, direct_count, encode_len, responses_count
 
 HI = [{"role": "user", "content": "Hi"}]
 

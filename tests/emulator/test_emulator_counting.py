@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from builders import build_tokenizer
-from conftest import FAMILIES, load_builtin, load_shared
-from emulator_helpers import (
+
+from tests.builders import build_tokenizer
+from tests.conftest import FAMILIES, load_builtin, load_shared
+from tests.emulator.emulator_helpers import (
     CHAT,
     CONVERSATIONS,
     FRANCE,

@@ -7,8 +7,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import load_builtin, load_shared
-from emulator_helpers import (
+
+from proxy.emulator.counting import NO_TEMPLATE_JOIN
+from tests.conftest import load_builtin, load_shared
+from tests.emulator.emulator_helpers import (
     CHAT,
     FRANCE,
     THREE,
@@ -21,8 +23,6 @@ from emulator_helpers import (
     tokenizer_of,
     usage_with,
 )
-
-from proxy.emulator.counting import NO_TEMPLATE_JOIN
 
 # --- faults that change usage.prompt_tokens ------------------------------------------------------------------
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import load_builtin
-from emulator_helpers import (
+from tests.conftest import load_builtin
+from tests.emulator.emulator_helpers import (
     CHAT,
     FRANCE,
     THREE,

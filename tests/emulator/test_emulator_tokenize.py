@@ -9,13 +9,13 @@ from typing import Any
 
 import orjson
 import pytest
-from builders import build_tokenizer, save_tokenizer
-from conftest import load_builtin
-from emulator_helpers import CHAT, FRANCE, SYSTEM, THREE, emulator, post, stats
 
 from proxy.core.tokenizer import load_tokenizer
 from proxy.core.tokens import template_ids
 from proxy.emulator.faults import Faults, parse_faults
+from tests.builders import build_tokenizer, save_tokenizer
+from tests.conftest import load_builtin
+from tests.emulator.emulator_helpers import CHAT, FRANCE, SYSTEM, THREE, emulator, post, stats
 
 TOKENIZE = "/tokenize"
 TEXTS = ["Return the word READY.", " leading  spaces\n\nand\ttabs", "café 東京 🙂", ""]

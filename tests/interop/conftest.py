@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from interop.llama_server_proc import (
+from proxy.core.model import ServedModel, load_served_model
+from tests.interop.llama_server_proc import (
     BUILT_GGUF,
     GGUF,
     BinaryUnavailable,
@@ -28,8 +29,7 @@ from interop.llama_server_proc import (
     stop,
     wait_healthy,
 )
-from interop.proxy_proc import Proxy, running_proxy
-from proxy.core.model import ServedModel, load_served_model
+from tests.interop.proxy_proc import Proxy, running_proxy
 
 FAMILIES = list(GGUF)
 MODERN_FAMILIES = list(BUILT_GGUF)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from interop.llama_server_proc import ServerFailed, free_port, log_tail, stop
 from tests.eventually import eventually
+from tests.interop.llama_server_proc import ServerFailed, free_port, log_tail, stop
 
 # A guard against a hung start, not a timing assertion.
 START_DEADLINE_SECONDS = 60.0

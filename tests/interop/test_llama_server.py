@@ -15,15 +15,15 @@ import pytest
 from openai import OpenAI
 from tokenizers import Tokenizer
 
-from interop.interop_shapes import CHAT, COMPLETIONS, FIRST_PROMPT, SHAPES, VLLM_REFUSES, Shape
-from interop.llama_cpp_model import (
+from proxy.core.count import SERVER_REFUSES, count_request
+from tests.interop.interop_shapes import CHAT, COMPLETIONS, FIRST_PROMPT, SHAPES, VLLM_REFUSES, Shape
+from tests.interop.llama_cpp_model import (
     llama_cpp_chat_count,
     llama_cpp_nonstream_usage,
     llama_cpp_prompt_counts,
     unnormalized,
 )
-from interop.llama_server_proc import LlamaServer
-from proxy.core.count import SERVER_REFUSES, count_request
+from tests.interop.llama_server_proc import LlamaServer
 
 pytestmark = pytest.mark.llama_server
 

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from interop.llama_server_proc import LlamaServer
-from interop.proxy_proc import Proxy, running_proxy, scrape
 from tests.eventually import eventually
+from tests.interop.llama_server_proc import LlamaServer
+from tests.interop.proxy_proc import Proxy, running_proxy, scrape
 
 pytestmark = pytest.mark.llama_server
 

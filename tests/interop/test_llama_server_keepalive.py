@@ -15,8 +15,8 @@ import urllib.request
 import aiohttp
 import pytest
 
-from interop.llama_server_proc import LlamaServer
-from interop.proxy_proc import Proxy
+from tests.interop.llama_server_proc import LlamaServer
+from tests.interop.proxy_proc import Proxy
 from tests.server.helpers import parse_metrics, value
 
 pytestmark = pytest.mark.llama_server

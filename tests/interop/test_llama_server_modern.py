@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from interop.llama_server_proc import LlamaServer
-from interop.modern_shapes import GPT_OSS, SHAPES, ModernShape
-from interop.proxy_proc import Proxy, match_counts, running_proxy, wait_for_analysis
 from proxy.core.count import INVALID_BODY, SERVER_REFUSES
 from proxy.core.model import ServedModel
 from proxy.core.usage import SSEUsageParser
+from tests.interop.llama_server_proc import LlamaServer
+from tests.interop.modern_shapes import GPT_OSS, SHAPES, ModernShape
+from tests.interop.proxy_proc import Proxy, match_counts, running_proxy, wait_for_analysis
 
 pytestmark = pytest.mark.llama_server
 

@@ -12,10 +12,10 @@ import urllib.request
 
 import pytest
 
-from interop.interop_shapes import LLAMA3, QWEN
-from interop.llama_server_proc import LlamaServer
-from interop.proxy_proc import Proxy
 from tests.eventually import eventually
+from tests.interop.interop_shapes import LLAMA3, QWEN
+from tests.interop.llama_server_proc import LlamaServer
+from tests.interop.proxy_proc import Proxy
 from tests.server.helpers import parse_metrics, value
 
 pytestmark = pytest.mark.llama_server

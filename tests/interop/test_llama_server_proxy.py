@@ -19,15 +19,16 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from interop.interop_shapes import FIRST_PROMPT, QWEN, SHAPES, VLLM_REFUSES, Shape
-from interop.llama_server_proc import (
+from tests.eventually import eventually
+from tests.interop.interop_shapes import FIRST_PROMPT, QWEN, SHAPES, VLLM_REFUSES, Shape
+from tests.interop.llama_server_proc import (
     START_DEADLINE_SECONDS,
     LlamaServer,
     free_port,
     launch,
     stop,
 )
-from interop.proxy_proc import (
+from tests.interop.proxy_proc import (
     ANALYSIS_DEADLINE_SECONDS,
     Proxy,
     match_counts,
@@ -35,8 +36,7 @@ from interop.proxy_proc import (
     scrape,
     wait_for_analysis,
 )
-from interop.test_llama_server import create, request_body
-from tests.eventually import eventually
+from tests.interop.test_llama_server import create, request_body
 
 pytestmark = pytest.mark.llama_server
 

@@ -17,8 +17,7 @@ from loadgen.workload.sources import build_workload
 from proxy.emulator.app import EmulatorConfig, start_emulator
 from tests.builders import build_tokenizer
 from tests.conftest import load_builtin
-
-from .real_servers import qwen_llama_server
+from tests.loadgen.real_servers import qwen_llama_server
 
 LONG = " ".join(f"word{i % 7} of a long record number {i}." for i in range(60))  # ~500 tokens
 RECORDS = [

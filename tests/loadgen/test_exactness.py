@@ -8,8 +8,7 @@ import pytest
 
 from tests.builders import TEMPLATES, build_tokenizer
 from tests.conftest import load_builtin, load_shared
-
-from .grid import run_grid
+from tests.loadgen.grid import run_grid
 
 EXACT_RATE = 0.999
 

@@ -29,7 +29,13 @@ def serializer_after_importing(*modules: str) -> str:
 
 def test_loadgen_process_keeps_aiohttps_head_serializer() -> None:
     # Everything `islwatch loadgen` imports on its way to sending (proxy.cli -> loadgen.cli -> ... -> runner).
-    loadgen = ("proxy.cli", "loadgen.cli", "loadgen.launch", "loadgen.send.orchestrate", "loadgen.send.runner")
+    loadgen = (
+        "proxy.cli",
+        "loadgen.cli",
+        "loadgen.launch",
+        "loadgen.send.orchestrate",
+        "loadgen.send.runner",
+    )
     assert serializer_after_importing(*loadgen) == "aiohttp._http_writer"
     # ...while the proxy's upstream module does replace it: the probe tells the two apart.
     assert serializer_after_importing("proxy.server.upstream") == "proxy.server.headers"

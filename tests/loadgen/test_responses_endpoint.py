@@ -16,8 +16,7 @@ from loadgen.workload.conversations import Workload
 from proxy.emulator.app import EmulatorConfig, start_emulator
 from tests.builders import build_tokenizer
 from tests.conftest import load_builtin
-
-from .real_servers import qwen_llama_server
+from tests.loadgen.real_servers import qwen_llama_server
 
 
 async def run(tok: Any, url: str, **kw: Any) -> list[Record]:

@@ -18,8 +18,7 @@ from loadgen.workload.trace import TraceWorkload, load_trace
 from proxy.core.tokens import encode_len
 from proxy.emulator.app import EmulatorConfig, start_emulator
 from tests.conftest import load_builtin
-
-from .real_servers import qwen_llama_server
+from tests.loadgen.real_servers import qwen_llama_server
 
 BLOCK = 64
 # Shaped like Mooncake's traces (FAST25-release/traces): the same leading ids mean the same prompt prefix.

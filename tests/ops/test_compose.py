@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 import yaml
-from deploylib import check_proxy_config
-from opslib import COMPOSE_DIR, REPO
+
+from tests.ops.deploylib import check_proxy_config
+from tests.ops.opslib import COMPOSE_DIR, REPO
 
 COMPOSE = COMPOSE_DIR / "compose.yaml"
 

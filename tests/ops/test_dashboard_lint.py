@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 import yaml
-from opslib import (
+
+from tests.conftest import unavailable
+from tests.ops.opslib import (
     DASHBOARD,
     INSTALL_HINT,
     METRIC_LABELS,
@@ -28,8 +30,6 @@ from opslib import (
     promtool_parse,
     series_family,
 )
-
-from tests.conftest import unavailable
 
 DS_VARIABLE_NAMES = {"datasource", "prometheus_datasource"}  # the linter accepts either when there is one
 DS_VARIABLE_LABELS = {"Data source", "Prometheus data source"}

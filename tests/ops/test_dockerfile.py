@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from opslib import DOCKERFILE, README, REPO
+
+from tests.ops.opslib import DOCKERFILE, README, REPO
 
 COMPILERS = ("gcc", "g++", "clang", "build-essential", "make", "cargo", "rustc")
 
@@ -116,7 +117,7 @@ def test_healthcheck_on_healthz() -> None:
     from proxy.server.config import ProxyConfig
 
     assert ProxyConfig.model_fields["admin"].default.endswith(":9100")
-    from deploylib import admin_routes
+    from tests.ops.deploylib import admin_routes
 
     assert ("GET", "/healthz") in admin_routes(ProxyConfig(upstream="http://127.0.0.1:8000"))
 

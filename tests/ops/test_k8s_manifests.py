@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 import yaml
-from deploylib import ADMIN_PATHS, admin_routes, check_proxy_config
-from opslib import K8S
 
 from proxy.server.config import ProxyConfig
+from tests.ops.deploylib import ADMIN_PATHS, admin_routes, check_proxy_config
+from tests.ops.opslib import K8S
 
 
 def load(name: str) -> dict[str, Any]:

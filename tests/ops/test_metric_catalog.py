@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 
-from opslib import HISTOGRAMS, METRIC_LABELS, NO_SUM
 from prometheus_client import CollectorRegistry
 
 from proxy.server.metrics import Metrics, build_metrics
 from proxy.server.problems import ProblemLog
 from proxy.server.records import AnalysisOutcome, TokenizerReport
+from tests.ops.opslib import HISTOGRAMS, METRIC_LABELS, NO_SUM
 
 IDENTITY = {
     "name": "builtin:mistral-v0.1",

@@ -23,10 +23,18 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from opslib import ALERTS, INSTALL_HINT, alert_rules, dashboard, dashboard_queries, expand, find_tool
 
 from tests.conftest import unavailable
 from tests.eventually import eventually, eventually_async
+from tests.ops.opslib import (
+    ALERTS,
+    INSTALL_HINT,
+    alert_rules,
+    dashboard,
+    dashboard_queries,
+    expand,
+    find_tool,
+)
 
 pytestmark = pytest.mark.prometheus
 
@@ -106,7 +114,7 @@ async def wait_for(url: str, procs: list[tuple[subprocess.Popen[bytes], Path]], 
 
 def plain_tokenizer(folder: Path) -> str:
     """A real tokenizer (tests/builders.py) saved without a chat template."""
-    from builders import build_tokenizer
+    from tests.builders import build_tokenizer
 
     tok = build_tokenizer("chatml")
     tok.chat_template = None

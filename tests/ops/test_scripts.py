@@ -6,9 +6,9 @@ import os
 import subprocess
 
 import pytest
-from opslib import INSTALL_HINT, PROMETHEUS_HOME, REPO, find_tool
 
 from tests.conftest import unavailable
+from tests.ops.opslib import INSTALL_HINT, PROMETHEUS_HOME, REPO, find_tool
 
 SCRIPTS = [REPO / "scripts" / "install_prometheus.sh", REPO / "scripts" / "check_rules.sh"]
 

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import build_tokenizer, save_tokenizer
-from conftest import FAMILIES, load_builtin, load_shared
 
 from proxy.cli import main
 from proxy.parity.gate import ParityReport, PathRow, RequestMode, check
 from proxy.parity.paths import SPLIT
+from tests.builders import build_tokenizer, save_tokenizer
+from tests.conftest import FAMILIES, load_builtin, load_shared
 
 BUILT = ["chatml", "llama3", "inst", "parts"]
 # Tokenizers whose plain encode adds BOS: an extra special-token pass must differ there.

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from builders import save_tokenizer
-from conftest import shared_dir
-from parity_helpers import llama3_folder, run_cli
 
 from proxy.parity.paths import ROWS
+from tests.builders import save_tokenizer
+from tests.conftest import shared_dir
+from tests.parity.parity_helpers import llama3_folder, run_cli
 
 
 def test_cli_passes_on_the_normal_path(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from builders import build_tokenizer
-from parity_helpers import NAMES, gated_failures, report, tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from proxy.core.probe import first_diff
@@ -20,6 +18,8 @@ from proxy.parity.paths import (
     SPLIT,
     WRONG_ROLE,
 )
+from tests.builders import build_tokenizer
+from tests.parity.parity_helpers import NAMES, gated_failures, report, tokenizer
 
 # ---- the normal path ----------------------------------------------------------------------------------
 

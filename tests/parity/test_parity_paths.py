@@ -10,8 +10,6 @@ import ast
 from pathlib import Path
 
 import pytest
-from builders import build_tokenizer
-from parity_helpers import ADDS_BOS, NAMES, TEMPLATE_BOS, report, tokenizer
 
 import proxy.parity
 from proxy.core.tokens import render_messages
@@ -25,6 +23,8 @@ from proxy.parity.paths import (
     path_ids,
     wrong_role_text,
 )
+from tests.builders import build_tokenizer
+from tests.parity.parity_helpers import ADDS_BOS, NAMES, TEMPLATE_BOS, report, tokenizer
 
 # ---- negative controls -------------------------------------------------------------------------------
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from builders import save_tokenizer
-from parity_helpers import run_cli
 
 from proxy.core.probe_set import PROBE_TEXTS, probes
 from proxy.core.tokenizer import load_tokenizer
+from tests.builders import save_tokenizer
+from tests.parity.parity_helpers import run_cli
 from tests.server.helpers import Background, serve_app
 
 SENTENCE = dict(PROBE_TEXTS)["sentence"]

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from reliability_peers import Child, free_port, running, wait_answering
 
 from proxy.server.config import load_config
+from tests.reliability.reliability_peers import Child, free_port, running, wait_answering
 
 REPO = Path(__file__).resolve().parents[2]
 LISTEN = "0A"

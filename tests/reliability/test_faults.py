@@ -20,7 +20,13 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from reliability_peers import (
+
+from proxy.emulator.app import EmulatorConfig, build_emulator_app
+from proxy.emulator.faults import parse_faults
+from proxy.server.app import run_proxy
+from tests.conftest import load_builtin
+from tests.eventually import eventually
+from tests.reliability.reliability_peers import (
     Child,
     free_port,
     recording_origin,
@@ -30,12 +36,6 @@ from reliability_peers import (
     stop,
     tcp_peers,
 )
-
-from proxy.emulator.app import EmulatorConfig, build_emulator_app
-from proxy.emulator.faults import parse_faults
-from proxy.server.app import run_proxy
-from tests.conftest import load_builtin
-from tests.eventually import eventually
 from tests.server.helpers import Background, parse_metrics, proxy_config, serve_app, value
 
 CHAT = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}

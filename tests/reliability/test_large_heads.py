@@ -12,9 +12,9 @@ from typing import Any
 
 import aiohttp
 import orjson
-from reliability_peers import Origin, Response, exchange, recording_origin
 
 from proxy.server.app import run_proxy
+from tests.reliability.reliability_peers import Origin, Response, exchange, recording_origin
 from tests.server.helpers import fetch_metrics, proxy_config, value
 
 GET = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"

@@ -16,10 +16,10 @@ from pathlib import Path
 import aiohttp
 import orjson
 import pytest
-from reliability_peers import Origin, free_port, recording_origin, running, start_proxy
 
 from proxy.server.app import run_proxy
 from tests.eventually import eventually_async
+from tests.reliability.reliability_peers import Origin, free_port, recording_origin, running, start_proxy
 from tests.server.helpers import proxy_config, value, wait_metrics
 
 CANARY = "cnry" + secrets.token_hex(6)

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from reliability_peers import Exchange, Origin, exchange, recording_origin
 
 from proxy.server.app import run_proxy
+from tests.reliability.reliability_peers import Exchange, Origin, exchange, recording_origin
 from tests.server.helpers import Background, proxy_config
 
 

@@ -12,9 +12,9 @@ import resource
 
 import aiohttp
 import pytest
-from reliability_peers import recording_origin
 
 from proxy.server.app import run_proxy
+from tests.reliability.reliability_peers import recording_origin
 from tests.server.helpers import fetch_metrics, proxy_config, value
 
 SLOW = 2000

@@ -26,7 +26,11 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from reliability_peers import (
+
+from tests.conftest import FIXTURES, SHARED_TOKENIZERS, unavailable
+from tests.eventually import eventually
+from tests.interop import llama_server_proc as llama
+from tests.reliability.reliability_peers import (
     Child,
     open_fds,
     rss_bytes,
@@ -36,10 +40,6 @@ from reliability_peers import (
     stop,
     tcp_peers,
 )
-
-from tests.conftest import FIXTURES, SHARED_TOKENIZERS, unavailable
-from tests.eventually import eventually
-from tests.interop import llama_server_proc as llama
 from tests.server.helpers import parse_metrics, value
 
 SOAK = 20_000

@@ -10,9 +10,14 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from reliability_peers import READ_DEADLINE_SECONDS, SENTINEL, Origin, exchange, recording_origin
-
 from proxy.server.app import run_proxy
+from tests.reliability.reliability_peers import (
+    READ_DEADLINE_SECONDS,
+    SENTINEL,
+    Origin,
+    exchange,
+    recording_origin,
+)
 from tests.server.helpers import proxy_config
 
 GET = b'GET /v1/models HTTP/1.1\r\nHost: x\r\nIf-None-Match: "v1"\r\n\r\n'

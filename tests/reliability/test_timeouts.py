@@ -12,10 +12,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
-from reliability_peers import Origin, recording_origin
 
 from proxy.server.app import ProxyURLs, run_proxy
 from tests.eventually import eventually_async
+from tests.reliability.reliability_peers import Origin, recording_origin
 from tests.server.helpers import fetch_metrics, proxy_config, value, wait_metrics
 
 GUARD_SECONDS = 60.0  # bounds a hung read; not a timing assertion

@@ -15,8 +15,6 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from builders import save_tokenizer
-from conftest import shared_dir
 from prometheus_client import CollectorRegistry
 
 from proxy.core import diagnose as d
@@ -25,6 +23,8 @@ from proxy.emulator.app import EmulatorConfig, start_emulator
 from proxy.emulator.faults import parse_faults
 from proxy.server.app import run_proxy
 from proxy.server.config import ProxyConfig
+from tests.builders import save_tokenizer
+from tests.conftest import shared_dir
 from tests.eventually import eventually_async
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]

@@ -7,11 +7,11 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from helpers import proxy_config, serve_app
 from prometheus_client import CollectorRegistry
 
 from proxy.server.app import run_proxy
 from tests.conftest import load_builtin
+from tests.server.helpers import proxy_config, serve_app
 
 
 def upstream_with_health(state: dict[str, int]) -> web.Application:

@@ -10,13 +10,13 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
-from helpers import fetch_metrics, proxy_config, serve_app, value
 from prometheus_client import CollectorRegistry
 
 from proxy.server.admin import PROBE
 from proxy.server.app import run_proxy
 from tests.conftest import load_builtin
 from tests.eventually import eventually_async
+from tests.server.helpers import fetch_metrics, proxy_config, serve_app, value
 
 
 def upstream(mode: str, seen: list[str]) -> web.Application:

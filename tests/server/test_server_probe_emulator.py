@@ -11,16 +11,16 @@ from typing import Any
 
 import aiohttp
 import pytest
-from builders import save_tokenizer
-from helpers import fetch_metrics, proxy_config, value, wait_metrics
 from prometheus_client import CollectorRegistry
 
 from proxy.emulator.app import EmulatorConfig, start_emulator
 from proxy.emulator.faults import parse_faults
 from proxy.server.admin import PROBE
 from proxy.server.app import run_proxy
+from tests.builders import save_tokenizer
 from tests.conftest import load_builtin
 from tests.eventually import eventually_async
+from tests.server.helpers import fetch_metrics, proxy_config, value, wait_metrics
 
 CHAT = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hello there, how are you?"}]}
 

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import aiohttp
-from helpers import fetch_metrics, proxy_config, value
 from prometheus_client import CollectorRegistry
 
 from proxy.server.app import run_proxy
+from tests.server.helpers import fetch_metrics, proxy_config, value
 
 ANSWER = b'{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":3}}'
 

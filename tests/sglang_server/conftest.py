@@ -10,13 +10,16 @@ tokenizers are absent. An oracle that fails to start is a failure, not a skip.
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sglang_proc import (
+
+from proxy.core.fast import best_encoder
+from tests.conftest import SHARED_TOKENIZERS, load_shared, unavailable
+from tests.lifetimes import release_after_directory
+from tests.sglang_server.sglang_proc import (
     DEFAULT_KWARGS,
     FAMILIES,
     Oracle,
@@ -26,15 +29,7 @@ from sglang_proc import (
     launch,
     stop,
 )
-
-# The vLLM oracle's model folders and agent shapes, imported by the names its own tests use (its directory
-# holds a module named vllm_oracle.py, so it cannot be imported as a package beside it).
-sys.path.insert(0, str(Path(__file__).parents[1] / "vllm_oracle"))
-from oracle_proc import model_folder
-
-from proxy.core.fast import best_encoder
-from tests.conftest import SHARED_TOKENIZERS, load_shared, unavailable
-from tests.lifetimes import release_after_directory
+from tests.vllm_oracle.oracle_proc import model_folder
 
 
 @pytest.fixture(scope="session")

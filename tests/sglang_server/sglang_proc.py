@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from vllm_server.vllm_proc import stop as stop_group
-from vllm_server.vllm_proc import venv_python
+from tests.vllm_server.vllm_proc import stop as stop_group
+from tests.vllm_server.vllm_proc import venv_python
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO / "scripts" / "install_sglang.sh"

@@ -9,11 +9,11 @@ from typing import Any
 
 import orjson
 import pytest
-from sglang_proc import Oracle
-from sglang_shapes import SHAPES, refused_by
 
 from proxy.server.analyzer import AnalysisSpec, Analyzer
 from proxy.server.records import DEFAULT_KEY, AnalysisJob
+from tests.sglang_server.sglang_proc import Oracle
+from tests.sglang_server.sglang_shapes import SHAPES, refused_by
 
 pytestmark = pytest.mark.sglang
 

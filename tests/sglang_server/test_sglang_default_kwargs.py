@@ -11,13 +11,13 @@ from functools import cache
 from typing import Any
 
 import pytest
-from sglang_proc import DEFAULT_KWARGS, Oracle, Oracles
-from sglang_shapes import SHAPES, refused_by
-from test_sglang_shapes import assert_same_answer, islwatch_count, sglang_answer
 
 from proxy.core.fast import best_encoder
 from proxy.core.server_settings import ServerSettings
 from tests.conftest import load_shared
+from tests.sglang_server.sglang_proc import DEFAULT_KWARGS, Oracle, Oracles
+from tests.sglang_server.sglang_shapes import SHAPES, refused_by
+from tests.sglang_server.test_sglang_shapes import assert_same_answer, islwatch_count, sglang_answer
 
 pytestmark = pytest.mark.sglang
 

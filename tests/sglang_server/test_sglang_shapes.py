@@ -14,14 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from proxy.core.count import SERVER_REFUSES, CountResult
-from proxy.core.flavors import flavor_named
-from proxy.core.server_settings import DEFAULT_SETTINGS, ServerSettings
-from tests.conftest import REPO, SHARED_TOKENIZERS
 from tests.sglang_server.sglang_proc import Oracle
 from tests.sglang_server.sglang_shapes import DIVERGES, SHAPES, refused_by
 from tests.vllm_server.vllm_shapes import Shape
+
+from proxy.core.count import SERVER_REFUSES, CountResult
+from proxy.core.flavor import count_as
+from proxy.core.server_settings import DEFAULT_SETTINGS, ServerSettings
+from proxy.core.sglang import count_sglang
+from tests.conftest import REPO, SHARED_TOKENIZERS
 
 pytestmark = pytest.mark.sglang
 
@@ -39,8 +40,8 @@ def islwatch_count(
     oracle: Oracle, encoder: Any, body: dict[str, Any], settings: ServerSettings = DEFAULT_SETTINGS
 ) -> CountResult:
     """The sglang flavor's count with what the served model knows: the server's settings and the folder's
-    `model_type`."""
-    return flavor_named("sglang").count(encoder, "chat", body, False, settings, model_type(oracle.model_dir))
+    `model_type` (`flavor.count_as` does not hand them to `count_sglang` yet: the one call to change)."""
+    return count_sglang(encoder, "chat", body, settings, model_type(oracle.model_dir))
 
 
 def assert_same_answer(answer: dict[str, Any], result: CountResult, refused: bool) -> None:
@@ -89,7 +90,7 @@ def test_the_default_vllm_flavor_is_off_where_sglang_departs(oracle: Oracle, enc
     ):
         answer = sglang_answer(oracle, shape)
         sglang = len(answer["input_ids"]) if answer["status"] == 200 else None
-        if flavor_named("vllm").count(encoder, "chat", shape.body).expected_server != sglang:
+        if count_as("vllm", encoder, "chat", shape.body, False).expected_server != sglang:
             differs.add(shape.name)
     assert differs == DEPARTS[oracle.family]
 

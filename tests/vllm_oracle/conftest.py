@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from proxy.core.harmony_vocab import vocab_dir
 
-from proxy.core.renderers.harmony_vocab import vocab_dir
 from proxy.core.specs import TESTED_VERSIONS
 from tests.conftest import SHARED_TOKENIZERS, unavailable
 from tests.lifetimes import release_after_directory
@@ -55,7 +55,7 @@ def oracle_python(release: str) -> str:
 
 def harmony_vocab() -> dict[str, str]:
     """openai-harmony's vocabulary for gpt-oss, offline: the oracles' $TIKTOKEN_ENCODINGS_BASE is the folder
-    islwatch derives it into (core/renderers/harmony_vocab.py)."""
+    islwatch derives it into (core/harmony_vocab.py)."""
     return {"TIKTOKEN_ENCODINGS_BASE": str(vocab_dir(SHARED_TOKENIZERS / HARMONY_FAMILY))}
 
 

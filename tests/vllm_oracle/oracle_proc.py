@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from vllm_server.vllm_proc import log_tail
-from vllm_server.vllm_proc import stop as stop_group
+from tests.vllm_server.vllm_proc import log_tail
+from tests.vllm_server.vllm_proc import stop as stop_group
 
 ORACLE = Path(__file__).with_name("vllm_oracle.py")
 # Guards against a hung child, not timing assertions: imports, then each folder (~30 s on an idle core).

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vllm_server.vllm_shapes import ANSWERED, REFUSED, TIME, WEATHER, Shape, assistant_calls, chat, user
-from vllm_server.vllm_shapes import call as tool_call
-from vllm_server.vllm_shapes import tool as tool_result
+from tests.vllm_server.vllm_shapes import ANSWERED, REFUSED, TIME, WEATHER, Shape, assistant_calls, chat, user
+from tests.vllm_server.vllm_shapes import call as tool_call
+from tests.vllm_server.vllm_shapes import tool as tool_result
 
 SEARCH = {
     "type": "function",

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from oracle_proc import Oracle
-from oracle_shapes import SHAPES
-from vllm_server.vllm_shapes import Shape
 
 from proxy.core.count import INVALID_BODY, SERVER_REFUSES, TEMPLATE_ERROR, CountResult
 from proxy.core.model import ServedModel, load_served_model
 from proxy.core.server_settings import ServerSettings
 from proxy.core.specs import TESTED_VERSIONS
+from tests.vllm_oracle.oracle_proc import Oracle
+from tests.vllm_oracle.oracle_shapes import SHAPES
+from tests.vllm_server.vllm_shapes import Shape
 
 pytestmark = pytest.mark.vllm
 REFUSALS_5XX = (TEMPLATE_ERROR, SERVER_REFUSES, INVALID_BODY)

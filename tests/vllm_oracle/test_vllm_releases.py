@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from oracle_proc import CONTEXT, Oracle
+
+from tests.vllm_oracle.oracle_proc import CONTEXT, Oracle
 
 pytestmark = pytest.mark.vllm
 FAMILY = "qwen2.5-instruct"  # any family: none of these touches the template

@@ -14,7 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_proc import (
+
+from tests.conftest import SHARED_TOKENIZERS, load_shared, unavailable
+from tests.lifetimes import release_after_directory
+from tests.server.helpers import Background, proxy_config
+from tests.vllm_server.vllm_proc import (
     FAMILIES,
     PROBE_SERVER,
     PROBE_TOKENIZER,
@@ -28,10 +32,6 @@ from vllm_proc import (
     vllm_version,
     wait_healthy,
 )
-
-from tests.conftest import SHARED_TOKENIZERS, load_shared, unavailable
-from tests.lifetimes import release_after_directory
-from tests.server.helpers import Background, proxy_config
 
 EMBED_FAMILY = "qwen2.5-instruct"
 

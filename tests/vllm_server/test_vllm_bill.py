@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 from openai import OpenAI
-from vllm_proc import BILLED_BLOCK, BILLED_FAMILY, VllmServer
 
 from loadgen.config import LoadgenConfig
 from loadgen.report.model import build_report
@@ -34,6 +33,7 @@ from proxy.server.engine_metrics import engine_of, samples
 from tests.conftest import SHARED_TOKENIZERS, load_shared
 from tests.eventually import eventually
 from tests.server.helpers import Background, parse_metrics, proxy_config, value
+from tests.vllm_server.vllm_proc import BILLED_BLOCK, BILLED_FAMILY, VllmServer
 
 pytestmark = pytest.mark.vllm
 

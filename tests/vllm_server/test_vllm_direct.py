@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 from openai import OpenAI
-from vllm_proc import VllmServer, post, post_raw
-from vllm_shapes import ANSWERED, EMBEDDINGS, TEMPLATE_REFUSES, Shape
 
 from proxy.core.count import TEMPLATE_ERROR, count_request
 from proxy.core.endpoints import SHAPES
 from proxy.core.usage import SSEUsageParser, usage_of
 from tests.conftest import REPO, SHARED_TOKENIZERS
+from tests.vllm_server.vllm_proc import VllmServer, post, post_raw
+from tests.vllm_server.vllm_shapes import ANSWERED, EMBEDDINGS, TEMPLATE_REFUSES, Shape
 
 pytestmark = pytest.mark.vllm
 STREAMABLE = [s for s in ANSWERED if SHAPES[s.endpoint].include_usage]  # type: ignore[index]

@@ -20,9 +20,6 @@ from functools import cache
 from typing import Any
 
 import pytest
-from test_vllm_direct import request
-from vllm_proc import FAMILIES, VllmServer, post_raw
-from vllm_shapes import Shape
 
 from proxy.core.count import INVALID_BODY, SERVER_REFUSES, TEMPLATE_ERROR, CountResult
 from proxy.core.endpoints import SHAPES as ENDPOINTS
@@ -32,6 +29,9 @@ from tests.eventually import eventually
 from tests.server.helpers import parse_metrics, value
 from tests.vllm_oracle.oracle_proc import FAMILIES as ORACLE_FAMILIES
 from tests.vllm_oracle.oracle_shapes import SHAPES
+from tests.vllm_server.test_vllm_direct import request
+from tests.vllm_server.vllm_proc import FAMILIES, VllmServer, post_raw
+from tests.vllm_server.vllm_shapes import Shape
 
 pytestmark = pytest.mark.vllm
 REFUSED = (TEMPLATE_ERROR, SERVER_REFUSES)  # what `islwatch count` reports as server_would_refuse

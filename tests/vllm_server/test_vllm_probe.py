@@ -16,12 +16,12 @@ import urllib.request
 from typing import Any
 
 import pytest
-from test_vllm_direct import request
-from vllm_proc import PROBE_SERVER, PROBE_TOKENIZER, VllmServer, post_raw
-from vllm_shapes import CHAT
 
 from tests.eventually import eventually
 from tests.server.helpers import parse_metrics, value
+from tests.vllm_server.test_vllm_direct import request
+from tests.vllm_server.vllm_proc import PROBE_SERVER, PROBE_TOKENIZER, VllmServer, post_raw
+from tests.vllm_server.vllm_shapes import CHAT
 
 pytestmark = pytest.mark.vllm
 SINGLE_TURN = next(s for s in CHAT if s.name == "single_turn")

@@ -9,13 +9,13 @@ import urllib.request
 from typing import Any
 
 import pytest
-from test_vllm_direct import STREAMABLE, request
-from vllm_proc import VllmServer, post_raw
-from vllm_shapes import EMBEDDINGS, TEMPLATE_REFUSES, Shape
 
 from proxy.core.endpoints import SHAPES
 from tests.eventually import eventually
 from tests.server.helpers import parse_metrics, value
+from tests.vllm_server.test_vllm_direct import STREAMABLE, request
+from tests.vllm_server.vllm_proc import VllmServer, post_raw
+from tests.vllm_server.vllm_shapes import EMBEDDINGS, TEMPLATE_REFUSES, Shape
 
 pytestmark = pytest.mark.vllm
 

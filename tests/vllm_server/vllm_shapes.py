@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 # The message and tool builders the llama-server shapes use; the same requests, another oracle.
-from interop.interop_shapes import WEATHER, user
-from interop.interop_shapes import text_parts as parts
-from interop.interop_shapes import tool_call as call
-from interop.interop_shapes import tool_result as tool
+from tests.interop.interop_shapes import WEATHER, user
+from tests.interop.interop_shapes import text_parts as parts
+from tests.interop.interop_shapes import tool_call as call
+from tests.interop.interop_shapes import tool_result as tool
 
 QWEN = "qwen2.5-instruct"
 

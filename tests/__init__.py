@@ -1,0 +1,1 @@
+"""islwatch tests. Helpers are imported one way: `from tests.<folder>.<module> import ...`."""
