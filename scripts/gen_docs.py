@@ -6,7 +6,8 @@
 - `metrics.md`: every metric family of the catalog (`proxy.server.metric_families`) and the label values the
   code fixes, and the engine counters behind `islwatch_engine_tokens_total` (`proxy.server.engine_metrics`);
 - `causes.md`: the drift causes (`proxy.core.causes`) with the rules `proxy.core.diagnose` applies, in order;
-- `layout.md`: every package and module of `proxy` and `loadgen`, with the first sentence of its docstring.
+- `layout.md`: every package and module of `proxy` and `loadgen`, with the first sentence of its docstring;
+- `alerts.md`: every alert rule of `deploy/prometheus/alerts.yml`: its expression, wait, severity and runbook.
 
 Run `python -m scripts.gen_docs` to rewrite them; `--check` writes nothing and exits 1 naming every page that
 differs from what the code gives (tests/docs runs it).
@@ -340,12 +341,44 @@ def layout_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+def alerts_page() -> str:
+    import yaml
+
+    doc = yaml.safe_load((REPO / "deploy" / "prometheus" / "alerts.yml").read_text(encoding="utf-8"))
+    rules = [rule for group in doc["groups"] for rule in group["rules"] if "alert" in rule]
+    lines = [
+        "# Alerts reference",
+        "",
+        GENERATED,
+        "",
+        "Every alert rule of `deploy/prometheus/alerts.yml` (load it into Prometheus beside the scrape of the",
+        "admin port; `scripts/check_rules.sh` checks and unit-tests it with promtool). Each links its runbook.",
+        "",
+        *table(
+            ("alert", "severity", "for", "summary"),
+            (
+                (
+                    f"[{r['alert']}](../{Path(r['annotations']['runbook_url']).relative_to('docs').as_posix()})",
+                    r["labels"]["severity"],
+                    r.get("for", "at once"),
+                    r["annotations"]["summary"],
+                )
+                for r in rules
+            ),
+        ),
+    ]
+    for r in rules:
+        lines += ["", f"## {r['alert']}", "", "```promql", r["expr"].strip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "config.md": config_page,
     "cli.md": cli_page,
     "metrics.md": metrics_page,
     "causes.md": causes_page,
     "layout.md": layout_page,
+    "alerts.md": alerts_page,
 }
 
 
