@@ -40,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
     import orjson
 
     from proxy.core.count import INVALID_BODY, SERVER_REFUSES, TEMPLATE_ERROR
-    from proxy.core.mistral import MistralLoadError
     from proxy.core.model import load_served_model
+    from proxy.core.renderers.mistral import MistralLoadError
     from proxy.core.tokenizer import TokenizerLoadError
 
     try:

@@ -1,21 +1,14 @@
 """One served model, prepared as its server prepares requests: the one place the counting path is assembled
 (the proxy's workers, `islwatch count`, the tests).
 
-What the server chooses, by its own rules (vLLM 0.32):
-- the renderer, from the model folder: `model_type == "gpt_oss"` in config.json builds the prompt with
-  Harmony (`vllm/renderers/online_renderer.py` `use_harmony`, core/harmony.py); a folder with
-  `consolidated*.safetensors` and a `tekken.json` or `tokenizer.model.v*` is served in `mistral` tokenizer
-  mode through mistral-common (`vllm/tokenizers/registry.py`, core/mistral.py); anything else renders its
-  Jinja chat template (core/count.py);
-- the template, per request (core/templates.py): the processor's when the request has no tools;
-- the server-wide settings it was started with (core/server_settings.py).
-SGLang and llama.cpp render Jinja templates (core/flavor.py).
+The flavor (core/flavors/) says, by its server's rules: which renderer the model gets (core/renderers/),
+which tokenizer and template the server runs (per request: the processor's or the tokenizer's), what it
+counts and what it refuses. The server-wide settings it was started with: core/server_settings.py.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,50 +28,24 @@ from .diagnose import DriftProfile, build_profile
 from .endpoints import Endpoint
 from .extract import ChatInput, responses_as_chat
 from .fast import best_encoder
-from .flavor import count_as, flavored_tokenizer
-from .harmony import HarmonyRenderer, load_harmony, server_date
+from .flavors import Flavor, flavor_named
+from .flavors.vllm import model_type
 from .images import ImageModel
 from .messages import REFUSES, InvalidBody
-from .mistral import MistralRenderer, is_mistral_folder, load_mistral
-from .mistral_request import MediaNotModelled
+from .renderers import HARMONY, MISTRAL
+from .renderers.harmony import HarmonyRenderer, load_harmony, server_date
+from .renderers.mistral import MistralRenderer, load_mistral
+from .renderers.mistral_request import MediaNotModelled
 from .server_settings import DEFAULT_SETTINGS, ServerSettings
-from .templates import PROCESSOR_FILES, Template, has_tools, processor_template, tokenizer_template_source
+from .templates import Template, has_tools, processor_template, tokenizer_template_source
 from .tokenizer import LoadedTokenizer, TokenizerIdentity, load_mistral_identity, load_tokenizer
 from .vision import image_model_for
-
-JINJA = "jinja"
-HARMONY = "harmony"
-MISTRAL = "mistral"
-RENDERERS = (JINJA, HARMONY, MISTRAL)
-
-
-def model_type(folder: Path | None) -> str | None:
-    """config.json's `model_type`, what vLLM's `hf_config.model_type` reads."""
-    if folder is None:
-        return None
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    value = config.get("model_type") if isinstance(config, dict) else None
-    return value if isinstance(value, str) else None
-
-
-def renderer_for(flavor: str, folder: Path | None, tokenizer_mode: str = "auto") -> str:
-    """The renderer the flavor's server picks for this model folder (module docstring)."""
-    if flavor != "vllm" or folder is None:
-        return JINJA
-    if model_type(folder) == "gpt_oss":
-        return HARMONY
-    if tokenizer_mode == "mistral" or (tokenizer_mode == "auto" and is_mistral_folder(folder)):
-        return MISTRAL
-    return JINJA
 
 
 @dataclass(frozen=True)
 class ServedModel:
     identity: TokenizerIdentity
-    flavor: str
+    flavor: Flavor
     settings: ServerSettings
     renderer: str
     encoder: Encoder  # the tokenizer's template; also the bare count for every renderer
@@ -86,7 +53,7 @@ class ServedModel:
     tokenizer: Any = None  # the transformers tokenizer counted with (None: mistral-common only)
     harmony: HarmonyRenderer | None = None
     mistral: MistralRenderer | None = None
-    text_only: bool = False  # vLLM serves the folder as a text model: media parts are refused
+    text_only: bool = False  # the server serves the folder as a text model: media parts are refused
     model_type: str | None = None  # config.json's (SGLang keys a gpt-oss rule on it)
 
     def count(self, endpoint: str, body: Any, streamed: bool = False) -> CountResult:
@@ -110,9 +77,12 @@ class ServedModel:
         if self.mistral is not None and endpoint == Endpoint.RESPONSES:  # its chat request, through mistral
             mistral = self.mistral
             return self._rendered(endpoint, body, lambda b: mistral.chat_ids(responses_as_chat(b)))
-        use_processor = self.processor_encoder is not None and not has_tools(body)
-        enc = self.processor_encoder if use_processor and self.processor_encoder else self.encoder
-        return count_as(self.flavor, enc, endpoint, body, streamed, self.settings, self.model_type)
+        enc = self.encoder
+        if self.processor_encoder is not None and (
+            self.flavor.processor_template_with_tools or not has_tools(body)
+        ):
+            enc = self.processor_encoder
+        return self.flavor.count(enc, endpoint, body, streamed, self.settings, self.model_type)
 
     def _rendered(self, endpoint: str, body: Any, ids_of: Callable[[Any], list[int]]) -> CountResult:
         """A renderer that makes the prompt's ids itself (Harmony, mistral-common): the bare count from the
@@ -174,75 +144,57 @@ def load_served_model(
     """Load `spec` (a folder, hub id or builtin:) as `flavor`'s server serves it. `images` gives a tokenizer's
     image model (default: the flavor's, under no server kwargs). Raises TokenizerLoadError."""
     folder = Path(spec) if Path(spec).is_dir() else None
-    renderer = renderer_for(flavor, folder, settings.tokenizer_mode)
+    served = flavor_named(flavor)
+    renderer = served.renderer(folder, settings)
     if renderer == MISTRAL and folder is not None:
         mistral = load_mistral(folder)
         identity = replace(load_mistral_identity(folder, mistral.file), renderer=MISTRAL)
         return ServedModel(
             identity,
-            flavor,
+            served,
             settings,
             MISTRAL,
             MistralEncoder(mistral),
             mistral=mistral,
-            text_only=not _mistral_vision(folder),
+            text_only=served.refuses_media(folder, MISTRAL),
         )
     loaded = load_tokenizer(spec, revision, chat_template_file, trust_remote_code)
     image_model = images or (lambda tok: image_model_for(flavor, tok))
-    tok = flavored_tokenizer(loaded.tokenizer, flavor)
+    tok = served.served_tokenizer(loaded.tokenizer)
     encoder = best_encoder(tok, images=image_model(tok))
-    processor = _processor_encoder(loaded, tok, folder, flavor, chat_template_file, image_model)
+    processor = None
+    if served.uses_processor_template(folder, chat_template_file) and folder is not None:
+        processor = _processor_encoder(loaded, tok, folder, image_model)
     source = tokenizer_template_source(folder, chat_template_file is not None)
-    if processor is not None:  # the request's tools decide which of the two the server renders with
+    if processor is not None and not served.processor_template_with_tools:
+        # the request's tools decide which of the two the server renders with
         source = f"{processor[1].source} (requests without tools), {source} (with tools)"
+    elif processor is not None:
+        source = processor[1].source
     identity = replace(loaded.identity, renderer=renderer, template_source=source)
     harmony = load_harmony(folder) if renderer == HARMONY and folder is not None else None
     return ServedModel(
         identity,
-        flavor,
+        served,
         settings,
         renderer,
         encoder,
         processor_encoder=processor[0] if processor else None,
         tokenizer=tok,
         harmony=harmony,
-        # Harmony builds gpt-oss's prompt from the text alone and never asks the multimodal registry
-        # (online_renderer.py _make_request_with_harmony): media parts are not refused there.
-        text_only=flavor == "vllm" and renderer != HARMONY and _text_model(folder),
+        text_only=served.refuses_media(folder, renderer),
         model_type=model_type(folder),
     )
-
-
-def _mistral_vision(folder: Path) -> bool:
-    """A Mistral folder's params.json names its vision encoder (Pixtral, Mistral Small 3.1+), which vLLM's
-    Mistral config reader turns into a multimodal model (`vllm/transformers_utils/configs/mistral.py`)."""
-    try:
-        params = json.loads((folder / "params.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(params, dict) and any(k in params for k in ("vision_encoder", "multimodal"))
-
-
-def _text_model(folder: Path | None) -> bool:
-    """A model folder (it has a config.json) without a processor: vLLM serves it without multimodal support.
-    A bare tokenizer folder says nothing of the model, so nothing is refused for it."""
-    if folder is None or not (folder / "config.json").is_file():
-        return False
-    return not any((folder / name).is_file() for name in PROCESSOR_FILES)
 
 
 def _processor_encoder(
     loaded: LoadedTokenizer,
     tok: Any,
-    folder: Path | None,
-    flavor: str,
-    chat_template_file: str | None,
+    folder: Path,
     image_model: Callable[[Any], ImageModel | None],
 ) -> tuple[Encoder, Template] | None:
-    """vLLM renders a request without tools with the processor's template, when the folder has one that
-    differs from the tokenizer's and the server was given no --chat-template (core/templates.py)."""
-    if flavor != "vllm" or folder is None or chat_template_file is not None:
-        return None
+    """The processor's template (core/templates.py), when the folder has one that differs from the
+    tokenizer's: the flavor says which requests render with it."""
     found = processor_template(folder)
     if found is None or found.text == loaded.tokenizer.chat_template:
         return None

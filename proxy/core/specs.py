@@ -9,7 +9,7 @@ from typing import Literal
 BUILTIN_PREFIX = "builtin:"
 DEFAULT_TOKENIZER = BUILTIN_PREFIX + "mistral-v0.1"
 
-# Whose request preparation islwatch predicts (core/flavor.py): vLLM, SGLang (core/sglang.py) or llama-server.
+# Whose request preparation islwatch predicts (core/flavors/): vLLM, SGLang (core/flavors/sglang.py) or llama-server.
 ServerFlavor = Literal["vllm", "sglang", "llama.cpp"]
 FLAVORS: tuple[str, ...] = ("vllm", "sglang", "llama.cpp")
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .flavors import flavor_named
 from .images import ImageModel, KwargsUnmodeled, QwenVLRule
 from .tokens import parts_format, render_messages
 
@@ -75,7 +76,9 @@ def image_model_for(
     flavor: str, tok: Any, server_kwargs: Mapping[str, Any] | None = None, trust_request_kwargs: bool = False
 ) -> ImageModel | None:
     """The flavor's server's image rule: vLLM's Qwen2-VL processing is the one tested against a real server."""
-    return load_image_model(tok, server_kwargs, trust_request_kwargs) if flavor == "vllm" else None
+    if not flavor_named(flavor).counts_images:
+        return None
+    return load_image_model(tok, server_kwargs, trust_request_kwargs)
 
 
 def load_image_model(

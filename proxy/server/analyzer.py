@@ -19,9 +19,9 @@ import orjson
 from proxy.core.count import INVALID_BODY, NO_TEMPLATE, SERVER_REFUSES, CountResult
 from proxy.core.diagnose import DriftProfile, classify
 from proxy.core.images import COUNTED, UNMODELED, ImageModel
-from proxy.core.mistral import MistralLoadError
 from proxy.core.model import ServedModel, load_served_model, profile_of
 from proxy.core.probe_set import our_ids, probes
+from proxy.core.renderers.mistral import MistralLoadError
 from proxy.core.tokenizer import TokenizerLoadError
 from proxy.core.vision import image_model_for
 from proxy.parity.gate import startup_self_check

@@ -1,4 +1,4 @@
-"""gpt-oss prompts as vLLM 0.32 renders them with Harmony (proxy/core/harmony.py), on gpt-oss's real tokenizer.
+"""gpt-oss prompts as vLLM 0.32 renders them with Harmony (proxy/core/renderers/harmony.py), on gpt-oss's real tokenizer.
 
 The expected ids are vLLM's own: each body below went through vLLM 0.32's `OnlineRenderer.render_chat` /
 `render_responses` (the Harmony branch, with VLLM_SYSTEM_START_DATE=2026-01-15) in its own venv, and the
@@ -21,9 +21,15 @@ from typing import Any
 import pytest
 
 from proxy.core.count import count_request
-from proxy.core.harmony import HarmonyRenderer, HarmonyServer, check_library, load_harmony, server_date
-from proxy.core.harmony_vocab import VOCAB_FILE, VOCAB_SHA256, tiktoken_vocab
 from proxy.core.messages import REFUSES, InvalidBody, ServerRefuses
+from proxy.core.renderers.harmony import (
+    HarmonyRenderer,
+    HarmonyServer,
+    check_library,
+    load_harmony,
+    server_date,
+)
+from proxy.core.renderers.harmony_vocab import VOCAB_FILE, VOCAB_SHA256, tiktoken_vocab
 from proxy.core.tokenizer import TokenizerLoadError, load_tokenizer
 from tests.conftest import REPO, shared_dir
 
@@ -537,7 +543,7 @@ def test_another_models_vocabulary_is_refused(tmp_path: Path) -> None:
 LOAD = """
 import json, os, sys
 from pathlib import Path
-from proxy.core.harmony import load_harmony
+from proxy.core.renderers.harmony import load_harmony
 before = os.environ.get("TIKTOKEN_ENCODINGS_BASE")
 h = load_harmony(Path(sys.argv[1]))
 print(json.dumps([before, os.environ.get("TIKTOKEN_ENCODINGS_BASE"), len(h.harmony_chat_ids({"messages": [{"role": "user", "content": "Hello there"}]}, start_date="2026-01-15"))]))

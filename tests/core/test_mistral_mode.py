@@ -1,4 +1,4 @@
-"""vLLM's `mistral` tokenizer mode (core/mistral.py, core/mistral_request.py) on the real vocabularies that
+"""vLLM's `mistral` tokenizer mode (core/renderers/mistral.py, core/renderers/mistral_request.py) on the real vocabularies that
 mistral-common ships: Mistral Nemo's tekken (v3) and Mistral Large 2411's SentencePiece (v7).
 
 The expected ids come from mistral-common itself, on requests built with its own message classes (an
@@ -30,7 +30,7 @@ from mistral_common.protocol.instruct.validator import ValidationMode
 from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 
 from proxy.core.messages import REFUSES, InvalidBody, ServerRefuses
-from proxy.core.mistral import (
+from proxy.core.renderers.mistral import (
     MediaNotModelled,
     MistralLoadError,
     MistralRenderer,

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from proxy.core.count import SERVER_REFUSES
-from proxy.core.model import HARMONY, JINJA, MISTRAL, load_served_model, renderer_for
+from proxy.core.flavors import flavor_named
+from proxy.core.model import load_served_model
+from proxy.core.renderers import HARMONY, JINJA, MISTRAL
 from proxy.core.server_settings import ServerSettings
 from tests.conftest import shared_dir
 
@@ -68,13 +70,36 @@ def test_a_server_chat_template_wins_over_the_processor(vision_folder: Path, tmp
     assert model.describe()["template_source"] == "--chat-template"
 
 
-def test_sglang_and_llama_cpp_do_not_take_the_processor_template(vision_folder: Path) -> None:
-    for flavor in ("sglang", "llama.cpp"):
-        model = load_served_model(str(vision_folder), flavor)
-        assert model.processor_encoder is None
-        assert model.count("chat", {"messages": ASK}).expected_server != templated(
-            model.tokenizer, VISION_TEMPLATE
-        )
+def test_llama_cpp_never_takes_the_processor_template(vision_folder: Path) -> None:
+    model = load_served_model(str(vision_folder), "llama.cpp")
+    assert model.processor_encoder is None
+    assert model.count("chat", {"messages": ASK}).expected_server != templated(
+        model.tokenizer, VISION_TEMPLATE
+    )
+
+
+def test_sglang_takes_the_processor_template_of_a_multimodal_model(
+    vision_folder: Path, tmp_path: Path
+) -> None:
+    """sglang/srt/parser/template_manager.py `_resolve_hf_chat_template`: the processor's template first, for
+    every request, when the model is multimodal (only then is a processor loaded)."""
+    text_model = load_served_model(str(vision_folder), "sglang")  # no config.json: no processor loaded
+    assert text_model.count("chat", {"messages": ASK}).expected_server != templated(
+        text_model.tokenizer, VISION_TEMPLATE
+    )
+    folder = tmp_path / "qwen2-vl"
+    shutil.copytree(vision_folder, folder)
+    (folder / "config.json").write_text(json.dumps({"architectures": ["Qwen2VLForConditionalGeneration"]}))
+    model = load_served_model(str(folder), "sglang")
+    assert model.count("chat", {"messages": ASK}).expected_server == templated(
+        model.tokenizer, VISION_TEMPLATE
+    )
+    override = tmp_path / "vision.jinja"
+    override.write_text(VISION_TEMPLATE)
+    given = load_served_model(str(folder), "sglang", chat_template_file=str(override))
+    for body in ({"messages": ASK}, {"messages": ASK, "tools": TOOLS}):  # the same with tools, unlike vLLM
+        assert model.count("chat", body).expected_server == given.count("chat", body).expected_server
+    assert model.describe()["template_source"] == "chat_template.json"
 
 
 def test_server_default_template_kwargs_lie_under_the_request() -> None:
@@ -103,12 +128,14 @@ def test_the_folder_picks_the_renderer(tmp_path: Path) -> None:
     nemo = tmp_path / "nemo"
     nemo.mkdir()
     (nemo / "tekken.json").write_text("{}")
-    assert renderer_for("vllm", gpt) == HARMONY
-    assert renderer_for("vllm", nemo) == JINJA  # no consolidated weights: vLLM's auto mode stays hf
+    vllm, auto, hf = flavor_named("vllm"), ServerSettings(), ServerSettings(tokenizer_mode="hf")
+    assert vllm.renderer(gpt, auto) == HARMONY
+    assert vllm.renderer(nemo, auto) == JINJA  # no consolidated weights: vLLM's auto mode stays hf
     (nemo / "consolidated.safetensors").write_bytes(b"")
-    assert renderer_for("vllm", nemo) == MISTRAL
-    assert renderer_for("vllm", nemo, "hf") == JINJA
-    assert renderer_for("sglang", gpt) == JINJA
+    assert vllm.renderer(nemo, auto) == MISTRAL
+    assert vllm.renderer(nemo, hf) == JINJA
+    for other in ("sglang", "llama.cpp"):  # both render gpt-oss's Jinja template with their own engines
+        assert flavor_named(other).renderer(gpt, auto) == JINJA
 
 
 def test_reasoning_on_a_tool_call_turn_is_counted() -> None:

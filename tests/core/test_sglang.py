@@ -11,8 +11,8 @@ from typing import Any
 from proxy.core.count import SERVER_REFUSES
 from proxy.core.encoders import ReferenceEncoder
 from proxy.core.fast import best_encoder
+from proxy.core.flavors.sglang import GPT_OSS, count_sglang
 from proxy.core.server_settings import ServerSettings
-from proxy.core.sglang import GPT_OSS, count_sglang
 from tests.conftest import load_shared
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}

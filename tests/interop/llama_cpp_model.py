@@ -2,7 +2,7 @@
 request before it tokenizes it, where that differs from the model's own template run by transformers.
 
 The divergences themselves live in proxy/flavor.py (islwatch's `--server-flavor llama.cpp`); each is one
-documented divergence (the README (Tested against llama.cpp), "Divergences"); the tests assert that
+documented divergence (docs/compatibility/llama-cpp.md, "Divergences"); the tests assert that
 islwatch's count differs from llama-server's usage exactly where these functions change something, and that
 islwatch's counting core applied to the transformed request equals llama-server's usage. Pure functions.
 """
@@ -14,8 +14,8 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from proxy.core.extract import chat_input, prompt_input
-from proxy.core.flavor import llama_cpp_chat_body
-from proxy.core.flavor import unnormalized as _unnormalized
+from proxy.core.flavors.llama_cpp import llama_cpp_chat_body
+from proxy.core.flavors.llama_cpp import unnormalized as _unnormalized
 from proxy.core.tokens import iterates_content_parts, render_chat, template_of
 
 

@@ -1,5 +1,6 @@
 """llama.cpp's `llama-server`: what it does to a chat request before its own Jinja engine renders the model's
-template, for islwatch's `server_flavor: llama.cpp` (core/flavor.py). Pure functions.
+template, for islwatch's `server_flavor: llama.cpp`. Pure functions; the tokenizer copy is made once, at load
+time.
 
 Modelled on llama.cpp 0.5.0-dev (commit 0c1e570, the llama-cpp-python 0.3.36 sdist) and checked against a
 real llama-server on Qwen2.5, Llama-3, Qwen3 and gpt-oss (tests/interop). Each rule names its source:
@@ -19,7 +20,11 @@ real llama-server on Qwen2.5, Llama-3, Qwen3 and gpt-oss (tests/interop). Each r
   final turn always opens the analysis channel;
 - `common_chat_templates_init`: gpt-oss's "<|channel|> in content" check and Mistral's empty-message check are
   patched out of the template;
-- common/jinja/value.cpp `value_to_json`: floats printed with `std::ostream << double` (%g).
+- common/jinja/value.cpp `value_to_json`: floats printed with `std::ostream << double` (%g);
+- src/llama-vocab.cpp: its BPE tokenizer applies no Unicode normalizer (`unnormalized`);
+- its template: `--chat-template(-file)`, else the GGUF's `tokenizer.chat_template` (the tokenizer's; no
+  processor template); its checks are its own, not vLLM's request model (`vllm_refusals` off);
+- server-context.cpp `handle_completions_impl`: the usage of several prompts (`reported_prompt_tokens`).
 """
 
 from __future__ import annotations
@@ -27,13 +32,19 @@ from __future__ import annotations
 import copy
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from .count import Encoder
-from .extract import ChatInput
-from .messages import InvalidBody, ServerRefuses
-from .tokens import iterates_content_parts
+from tokenizers import Tokenizer
+
+from ..count import CountResult, Encoder, count, not_counted
+from ..endpoints import Endpoint
+from ..extract import ChatInput
+from ..messages import InvalidBody, ServerRefuses
+from ..renderers import JINJA
+from ..server_settings import DEFAULT_SETTINGS, ServerSettings
+from ..tokens import iterates_content_parts
 
 REFUSES = "llama.cpp answers 400: "
 FAILS = "llama.cpp answers 500: "  # not a refusal islwatch counts as one: an InvalidBody, as vLLM's 500s
@@ -339,3 +350,90 @@ class LlamaCppEncoder:
 
     def encode_len(self, text: str, add_special_tokens: bool) -> int:
         return self.enc.encode_len(text, add_special_tokens)
+
+
+_UNICODE_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD"}
+
+
+def unnormalized(raw: Tokenizer) -> Tokenizer:
+    """llama.cpp's BPE tokenizer (src/llama-vocab.cpp) applies no Unicode normalizer; transformers' Qwen2
+    tokenizer applies NFC first. The same vocabulary and pre-tokenizer without Unicode normalization (other
+    normalizers, such as SentencePiece's space handling, are kept)."""
+    spec = json.loads(raw.to_str())
+    norm = spec.get("normalizer")
+    if isinstance(norm, dict):
+        if norm.get("type") in _UNICODE_NORMALIZERS:
+            spec["normalizer"] = None
+        elif norm.get("type") == "Sequence":
+            kept = [n for n in norm.get("normalizers", []) if n.get("type") not in _UNICODE_NORMALIZERS]
+            spec["normalizer"] = {**norm, "normalizers": kept} if kept else None
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def served_tokenizer(tok: Any) -> Any:
+    """The tokenizer as llama-server runs it: a copy without Unicode normalization and with the template
+    llama-server keeps (`patched_template`); the tokenizer itself where neither changes."""
+    if getattr(tok, "_tokenizer", None) is None:
+        return tok
+    raw = tok._tokenizer
+    stripped = unnormalized(raw)
+    template = tok.chat_template if isinstance(getattr(tok, "chat_template", None), str) else None
+    patched = patched_template(template) if template is not None else None
+    if stripped.to_str() == raw.to_str() and patched == template:
+        return tok
+    out = copy.deepcopy(tok)
+    out._tokenizer = stripped
+    if patched != template:
+        out.chat_template = patched
+    return out
+
+
+def reported_prompt_tokens(endpoint: str, prompts: tuple[int, ...], streamed: bool) -> int | None:
+    """What llama-server reports for a request of several prompts, when that is not their sum: non-streaming
+    `/v1/completions` with a list of prompts answers the first prompt's JSON with the other choices appended
+    (server-context.cpp handle_completions_impl), so its usage is the first prompt's alone. Streaming, each
+    prompt's usage rides on its finish chunk and islwatch sums them."""
+    if endpoint == Endpoint.COMPLETIONS and not streamed and len(prompts) > 1:
+        return prompts[0]
+    return None
+
+
+@dataclass(frozen=True)
+class LlamaCppFlavor:
+    name: str = "llama.cpp"
+    processor_template_with_tools: bool = False
+    counts_images: bool = False
+
+    def renderer(self, folder: Path | None, settings: ServerSettings) -> str:
+        return JINJA  # its own Jinja engine renders gpt-oss's template too (common/parsers/gpt-oss.cpp)
+
+    def served_tokenizer(self, tok: Any) -> Any:
+        return served_tokenizer(tok)
+
+    def uses_processor_template(self, folder: Path | None, chat_template_file: str | None) -> bool:
+        return False
+
+    def refuses_media(self, folder: Path | None, renderer: str) -> bool:
+        return False
+
+    def count(
+        self,
+        enc: Encoder,
+        endpoint: str,
+        body: Any,
+        streamed: bool = False,
+        settings: ServerSettings = DEFAULT_SETTINGS,
+        model_type: str | None = None,
+    ) -> CountResult:
+        settings = replace(settings, vllm_refusals=False)  # llama-server checks a request its own way
+        enc = LlamaCppEncoder(enc)
+        try:
+            prepared = llama_cpp_chat_body(body, enc.template) if endpoint == Endpoint.CHAT else body
+        except InvalidBody as exc:  # a ServerRefuses where the server answers 400
+            return not_counted(endpoint, exc)
+        result = count(enc, endpoint, prepared, settings)
+        reported = reported_prompt_tokens(endpoint, result.prompts, streamed)
+        return result if reported is None else replace(result, expected_server=reported)
+
+
+LLAMA_CPP = LlamaCppFlavor()

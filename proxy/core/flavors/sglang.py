@@ -3,7 +3,7 @@
 SGLang renders the model's own Jinja template with transformers like vLLM, but prepares the request its own
 way (`sglang/srt/entrypoints/openai/serving_chat.py`: `_validate_request`, `_process_messages`,
 `_apply_jinja_template`, `_handle_last_assistant_message`; its request models in protocol.py, mirrored in
-core/sglang_request.py). Checked against SGLang's own preprocessing in-process (tests/sglang_server). Where it
+core/flavors/sglang_request.py). Checked against SGLang's own preprocessing in-process (tests/sglang_server). Where it
 departs from vLLM:
 - every tool reaches the template with a `defer_loading: null` field (+5 or +6 tokens per tool on Qwen2.5),
   and only when `tool_choice` is not "none" (the default without tools); a named `tool_choice` renders that
@@ -32,8 +32,9 @@ Completions, embeddings and responses go the vLLM way (core/extract.py): not tes
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -41,12 +42,13 @@ import jinja2.ext
 import jinja2.sandbox
 from jinja2 import nodes
 
+from ..count import TEMPLATE_ERROR, CountResult, Encoder, count, count_chat, count_prompts, not_counted
+from ..endpoints import Endpoint
+from ..extract import ChatInput, PromptInput
+from ..messages import InvalidBody
+from ..renderers import JINJA
+from ..server_settings import DEFAULT_SETTINGS, ServerSettings
 from . import sglang_request as req
-from .count import TEMPLATE_ERROR, CountResult, Encoder, count, count_chat, count_prompts, not_counted
-from .endpoints import Endpoint
-from .extract import ChatInput, PromptInput
-from .messages import InvalidBody
-from .server_settings import DEFAULT_SETTINGS, ServerSettings
 
 # Arguments `_render_and_encode_chat_template` passes to `apply_chat_template` itself: the same key in
 # `chat_template_kwargs` is a "multiple values" TypeError (400), or a KeyError on the retry (500).
@@ -342,3 +344,60 @@ def count_sglang(
         return result
     extra = _prefix_len(enc, prefix)
     return replace(result, templated=result.templated + extra, expected_server=result.expected_server + extra)
+
+
+def _multimodal(folder: Path) -> bool:
+    """A model SGLang loads a processor for (`TokenizerManager.init_tokenizer_and_processor`: only when
+    `model_config.is_multimodal`, an architecture in its list, such as Qwen2VLForConditionalGeneration and
+    Gemma3ForConditionalGeneration). Approximated by config.json: a `vision_config`, or an architecture named
+    `...ForConditionalGeneration`."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(config, dict):
+        return False
+    archs = config.get("architectures")
+    named = isinstance(archs, list) and any(
+        isinstance(a, str) and a.endswith("ForConditionalGeneration") for a in archs
+    )
+    return named or isinstance(config.get("vision_config"), dict)
+
+
+@dataclass(frozen=True)
+class SglangFlavor:
+    """SGLang renders every model with a Jinja template, gpt-oss included (module docstring). Its template
+    (`sglang/srt/parser/template_manager.py` `_resolve_hf_chat_template`): the processor's first, for every
+    request, then the tokenizer's; `--chat-template` overrides both. Not modelled: the built-in templates
+    it picks by the model path's name (`get_conv_template_by_model_path`: LLaVA, InternVL, DeepSeek-VL2 and
+    other vision models), nor its media rule."""
+
+    name: str = "sglang"
+    processor_template_with_tools: bool = True
+    counts_images: bool = False
+
+    def renderer(self, folder: Path | None, settings: ServerSettings) -> str:
+        return JINJA
+
+    def served_tokenizer(self, tok: Any) -> Any:
+        return tok
+
+    def uses_processor_template(self, folder: Path | None, chat_template_file: str | None) -> bool:
+        return folder is not None and chat_template_file is None and _multimodal(folder)
+
+    def refuses_media(self, folder: Path | None, renderer: str) -> bool:
+        return False  # its text-only refusal is in the request check (chat_request)
+
+    def count(
+        self,
+        enc: Encoder,
+        endpoint: str,
+        body: Any,
+        streamed: bool = False,
+        settings: ServerSettings = DEFAULT_SETTINGS,
+        model_type: str | None = None,
+    ) -> CountResult:
+        return count_sglang(enc, endpoint, body, settings, model_type)
+
+
+SGLANG = SglangFlavor()

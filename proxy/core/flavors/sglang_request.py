@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import messages
-from .messages import ServerRefuses
+from .. import messages
+from ..messages import ServerRefuses
 
 REFUSES = "sglang answers 400: "
 # _GenericMessageRole, matched case-insensitively (`_normalize_role`); "user" is the user message model.

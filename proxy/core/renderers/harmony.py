@@ -17,7 +17,7 @@ Responses API, with helpers in `vllm/entrypoints/openai/parser/harmony_utils.py`
 - tool results are named after the call whose id they answer, anywhere in the conversation, else
   `functions.` (hu:210-227, 397-410);
 - prior tool calls keep the legacy header `assistant to=functions.f<|channel|>commentary json` (hu:461-525).
-Pure but for loading the encoding (core/harmony_vocab.py). Where vLLM answers 400 it raises
+Pure but for loading the encoding (core/renderers/harmony_vocab.py). Where vLLM answers 400 it raises
 `messages.ServerRefuses` (reason `REFUSES` + words that quote nothing of the body); where vLLM fails with
 500 (its code calls `.get` on a string part, Harmony cannot render), `InvalidBody("vllm answers 500: ...")`.
 """
@@ -45,6 +45,8 @@ from openai_harmony import (  # type: ignore[import-untyped]
     ToolDescription,
 )
 
+from ..messages import InvalidBody
+from ..tokenizer import TokenizerLoadError
 from .harmony_request import (
     ChatRequest,
     FunctionTool,
@@ -56,8 +58,6 @@ from .harmony_request import (
     responses_request,
 )
 from .harmony_vocab import harmony_encoding, vocab_dir
-from .messages import InvalidBody
-from .tokenizer import TokenizerLoadError
 
 # hu:68 REASONING_EFFORT: the only efforts Harmony renders.
 REASONING_EFFORT = {

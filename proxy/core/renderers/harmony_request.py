@@ -1,5 +1,5 @@
 """vLLM 0.32's request models, as far as they shape a gpt-oss (Harmony) prompt: what they refuse (vLLM answers
-400), and the message dicts, tools and items they hand to the Harmony path (core/harmony.py). Pure: no
+400), and the message dicts, tools and items they hand to the Harmony path (core/renderers/harmony.py). Pure: no
 openai_harmony, no I/O.
 
 Chat: `vllm/entrypoints/openai/chat_completion/protocol.py` `ChatCompletionRequest` (its `messages` are
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .messages import REFUSES, InvalidBody, ServerRefuses
+from ..messages import REFUSES, InvalidBody, ServerRefuses
 
 FAILS = "vllm answers 500: "  # an exception vLLM's handlers do not map to 400 (AttributeError, HarmonyError)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from openai_harmony import HarmonyEncodingName, HarmonyError, load_harmony_encoding  # type: ignore[import-untyped]
 
-from .tokenizer import TokenizerLoadError, _cache_root
+from ..tokenizer import TokenizerLoadError, _cache_root
 
 VOCAB_FILE = "o200k_base.tiktoken"
 # The sha256 openai_harmony checks the file against (the file tiktoken publishes).

@@ -3,7 +3,7 @@
 vLLM picks that mode by itself for a model folder holding `consolidated*.safetensors` and a `tekken.json` or
 `tokenizer.model.v*` (`vllm/tokenizers/registry.py` `resolve_tokenizer_args`), or when started with
 `--tokenizer-mode mistral`. Prompts then come from mistral-common, not from a Jinja template: the request
-is prepared as core/mistral_request.py describes, and mistral-common's `ChatCompletionRequest.from_openai`
+is prepared as core/renderers/mistral_request.py describes, and mistral-common's `ChatCompletionRequest.from_openai`
 and `MistralTokenizer.encode_chat_completion` give the ids (transformers' `MistralCommonBackend.
 apply_chat_template`, which vLLM's `MistralTokenizer.apply_chat_template` calls). The ids reach the engine
 as they are: the request's `add_special_tokens` only applies to text prompts (`vllm/renderers/base.py`

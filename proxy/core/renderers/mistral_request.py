@@ -6,7 +6,7 @@ conversation) to `vllm/tokenizers/mistral.py` `MistralTokenizer.apply_chat_templ
 transformers' `MistralCommonBackend.apply_chat_template` and so to mistral-common's
 `ChatCompletionRequest.from_openai` (transformers' `_maybe_adapt_message` on the way only rewrites parts
 this module never lets through: typeless, "image", "audio"). `mistral_call` returns the arguments of that
-call; core/mistral.py makes it. Each rule cites the vLLM code it follows (paths under `vllm/`), and was
+call; core/renderers/mistral.py makes it. Each rule cites the vLLM code it follows (paths under `vllm/`), and was
 checked against vLLM 0.32's own functions on the same bodies.
 
 Where vLLM answers 400 (the request model, its validators, `render_chat`'s checks, and any error of
@@ -22,8 +22,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from . import messages
-from .messages import REFUSES, InvalidBody, ServerRefuses
+from .. import messages
+from ..messages import REFUSES, InvalidBody, ServerRefuses
 
 FAILS = "vllm answers 500: "  # an exception vLLM's handlers do not map to 400 (a KeyError)
 # ChatCompletionRequest.reasoning_effort's Literal (entrypoints/openai/chat_completion/protocol.py).

@@ -1,0 +1,104 @@
+"""vLLM 0.32 / 0.33 (`--server-flavor vllm`, the default): the reference server.
+
+Its message preparation is the shared path (core/extract.py, core/messages.py, each rule cited there). What
+is vLLM's alone lives here:
+- the renderer: `model_type == "gpt_oss"` in config.json builds the prompt with Harmony
+  (`vllm/renderers/online_renderer.py` `use_harmony`, renderers/harmony.py); a folder with
+  `consolidated*.safetensors` and a `tekken.json` or `tokenizer.model.v*` is served in `mistral` tokenizer
+  mode through mistral-common (`vllm/tokenizers/registry.py`, renderers/mistral.py); anything else renders
+  its Jinja chat template;
+- the template, per request: the processor's when the request has no tools (`vllm/renderers/hf.py`
+  `resolve_chat_template`, core/templates.py), unless the server was given `--chat-template`;
+- media parts for a model served as text-only are a 400 (`vllm/multimodal/registry.py`), but on the Harmony
+  path, which never asks the multimodal registry (`_make_request_with_harmony`);
+- the refusals vLLM's request model makes (`ServerSettings.vllm_refusals`, core/messages.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..count import CountResult, Encoder, count
+from ..renderers import HARMONY, JINJA, MISTRAL
+from ..renderers.mistral import is_mistral_folder
+from ..server_settings import DEFAULT_SETTINGS, ServerSettings
+from ..templates import PROCESSOR_FILES
+
+GPT_OSS = "gpt_oss"  # config.json's model_type that vLLM renders with Harmony
+
+
+def model_type(folder: Path | None) -> str | None:
+    """config.json's `model_type`, what vLLM's `hf_config.model_type` reads."""
+    if folder is None:
+        return None
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = config.get("model_type") if isinstance(config, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _mistral_vision(folder: Path) -> bool:
+    """A Mistral folder's params.json names its vision encoder (Pixtral, Mistral Small 3.1+), which vLLM's
+    Mistral config reader turns into a multimodal model (`vllm/transformers_utils/configs/mistral.py`)."""
+    try:
+        params = json.loads((folder / "params.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(params, dict) and any(k in params for k in ("vision_encoder", "multimodal"))
+
+
+def _text_model(folder: Path) -> bool:
+    """A model folder (it has a config.json) without a processor: vLLM serves it without multimodal support.
+    A bare tokenizer folder says nothing of the model, so nothing is refused for it."""
+    if not (folder / "config.json").is_file():
+        return False
+    return not any((folder / name).is_file() for name in PROCESSOR_FILES)
+
+
+@dataclass(frozen=True)
+class VllmFlavor:
+    name: str = "vllm"
+    processor_template_with_tools: bool = False
+    counts_images: bool = True
+
+    def renderer(self, folder: Path | None, settings: ServerSettings) -> str:
+        if folder is None:
+            return JINJA
+        if model_type(folder) == GPT_OSS:
+            return HARMONY
+        mode = settings.tokenizer_mode
+        if mode == "mistral" or (mode == "auto" and is_mistral_folder(folder)):
+            return MISTRAL
+        return JINJA
+
+    def served_tokenizer(self, tok: Any) -> Any:
+        return tok
+
+    def uses_processor_template(self, folder: Path | None, chat_template_file: str | None) -> bool:
+        return folder is not None and chat_template_file is None
+
+    def refuses_media(self, folder: Path | None, renderer: str) -> bool:
+        if folder is None or renderer == HARMONY:
+            return False
+        if renderer == MISTRAL:
+            return not _mistral_vision(folder)
+        return _text_model(folder)
+
+    def count(
+        self,
+        enc: Encoder,
+        endpoint: str,
+        body: Any,
+        streamed: bool = False,
+        settings: ServerSettings = DEFAULT_SETTINGS,
+        model_type: str | None = None,
+    ) -> CountResult:
+        return count(enc, endpoint, body, settings)
+
+
+VLLM = VllmFlavor()

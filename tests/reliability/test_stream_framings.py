@@ -1,0 +1,329 @@
+"""Every stream framing through a real islwatch proxy (`--inject-stream-usage`) against a raw-socket upstream.
+
+The upstream answers as a server does: with the usage-only event only when the request asked for it. A raw
+client must receive exactly what the upstream would have sent it without the proxy (the usage event taken
+out, every other byte as sent), the proxy must record the server's count, and the upstream must receive the
+client's body byte for byte with only `stream_options` added. Compressed streams are read through a
+decompressing copy and never rewritten; a stream whose events end in CR alone is not held for an LF.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import socket
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import orjson
+import pytest
+
+from proxy.server.app import run_proxy
+from tests.eventually import eventually
+from tests.reliability.test_header_fidelity import DATE, raw_server
+from tests.server.helpers import Background, parse_metrics, proxy_config, value
+
+READ_DEADLINE_SECONDS = 30.0  # a guard against a proxy that holds bytes back, not a timing assertion
+USAGE = {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14}
+BASE = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+FINAL = orjson.dumps({**BASE, "choices": [], "usage": USAGE})
+ASKED = b'"include_usage":true'
+BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
+
+
+def _delta(text: str, finish: str | None = None) -> bytes:
+    return orjson.dumps(
+        {**BASE, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+    )
+
+
+def _stream(nl: bytes, usage: bool, fields: bool = False, last_newline: bool = True) -> list[bytes]:
+    """Events in framing `nl`; `fields`: comment, event:, id: lines and a data value split over two lines."""
+    events = []
+    for i, text in enumerate(["Hel", "lo"]):
+        data = _delta(text, "stop" if i else None)
+        lines = [b": c", b"event: delta", b"id: %d" % i] if fields else []
+        if fields and i:
+            cut = data.index(b',"choices"')
+            lines += [b"data: " + data[:cut], b"data: " + data[cut:]]
+        else:
+            lines.append(b"data: " + data)
+        events.append(nl.join(lines) + nl + nl)
+    if usage:
+        lines = [b"event: delta", b"id: 9", b"retry: 500"] if fields else []
+        events.append(nl.join([*lines, b"data: " + FINAL]) + nl + nl)
+    events.append(b"data: [DONE]" + (nl + nl if last_newline else b""))
+    return events
+
+
+@dataclass(frozen=True)
+class Answer:
+    content_type: bytes
+    events: Callable[[bool], list[bytes]]  # the events, given whether the request asked for usage
+    coding: bytes = b""  # b"gzip": the body is sent gzip-compressed
+
+    def body(self, asked: bool) -> bytes:
+        body = b"".join(self.events(asked))
+        return gzip.compress(body, mtime=0) if self.coding else body
+
+
+ANSWERS = {
+    "lf": Answer(b"text/event-stream", lambda u: _stream(b"\n", u)),
+    "crlf-fields": Answer(b"text/event-stream", lambda u: _stream(b"\r\n", u, fields=True)),
+    "cr-fields": Answer(b"text/event-stream", lambda u: _stream(b"\r", u, fields=True)),
+    "cr-no-last-newline": Answer(b"text/event-stream", lambda u: _stream(b"\r", u, last_newline=False)),
+    "media-type-case": Answer(b"Text/Event-Stream; charset=utf-8", lambda u: _stream(b"\n", u)),
+    "gzip": Answer(b"text/event-stream", lambda u: _stream(b"\n", u), coding=b"gzip"),
+}
+
+
+def _head(answer: Answer, asked: bool, chunked: bool = True) -> bytes:
+    coding = b"Content-Encoding: %s\r\n" % answer.coding if answer.coding else b""
+    framing = b"Transfer-Encoding: chunked\r\n" if chunked else b""
+    return (
+        b"HTTP/1.1 200 OK\r\n" + DATE + b"Content-Type: " + answer.content_type + b"\r\n" + coding + framing
+        + b"Connection: close\r\n\r\n"
+    )  # fmt: skip
+
+
+def _chunked(*pieces: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces if p) + b"0\r\n\r\n"
+
+
+@dataclass
+class Upstream:
+    """Answers each request per its `X-Answer` field, recording the body bytes it received. With `hold` set,
+    it sends the head and the first event, then waits for `release` before the rest."""
+
+    bodies: list[bytes] = field(default_factory=list)
+    hold: bool = False
+    waiting: asyncio.Event = field(default_factory=asyncio.Event)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    raw_answers: dict[bytes, bytes] = field(default_factory=dict)  # X-Answer -> a whole canned response
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            fields = dict(
+                (line.split(b":", 1)[0].strip().lower(), line.split(b":", 1)[1].strip())
+                for line in head.split(b"\r\n")[1:]
+                if b":" in line
+            )
+            body = await reader.readexactly(int(fields.get(b"content-length", b"0")))
+            self.bodies.append(body)
+            name = fields.get(b"x-answer", b"lf")
+            if name in self.raw_answers:
+                writer.write(self.raw_answers[name])
+                await writer.drain()
+                return
+            answer = ANSWERS[name.decode()]
+            asked = ASKED in body.replace(b" ", b"")
+            events = answer.events(asked)
+            if self.hold:
+                writer.write(_head(answer, asked) + b"%x\r\n%s\r\n" % (len(events[0]), events[0]))
+                self.waiting.set()
+                await writer.drain()
+                await self.release.wait()
+                writer.write(_chunked(*events[1:]))
+            else:
+                writer.write(_head(answer, asked) + _chunked(answer.body(asked)))
+            await writer.drain()
+        finally:
+            writer.close()
+
+
+@dataclass
+class Servers:
+    bg: Background
+    upstream: Upstream
+    port: int
+    admin_url: str
+
+    def metrics(self) -> dict:
+        with urllib.request.urlopen(self.admin_url + "/metrics", timeout=READ_DEADLINE_SECONDS) as r:
+            return parse_metrics(r.read().decode())
+
+    def settled_after(self, before: dict, name: str, **labels: str) -> dict:
+        """Wait until the counter `name{labels}` moved past `before` and the analysis queue is empty."""
+        return eventually(
+            self.metrics,
+            lambda m: (
+                value(m, name, **labels) > value(before, name, **labels)
+                and value(m, "islwatch_analysis_queue_depth") == 0
+            ),
+            what=f"{name}{labels} counted",
+        )
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[Servers]:
+    bg = Background()
+    upstream = Upstream()
+    try:
+        url = bg.enter(raw_server(upstream))  # type: ignore[arg-type]
+        proxy = bg.enter(run_proxy(proxy_config(url, inject_stream_usage=True, server_probe="off")))
+        yield Servers(bg, upstream, int(proxy.url.rsplit(":", 1)[1]), proxy.admin_url)
+    finally:
+        bg.close()
+
+
+def _request(body: bytes, *fields: bytes) -> bytes:
+    extra = b"".join(f + b"\r\n" for f in fields)
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n" + extra
+        + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
+    )  # fmt: skip
+
+
+def _dechunk(data: bytes) -> bytes:
+    out, at = [], 0
+    while True:
+        end = data.index(b"\r\n", at)
+        size = int(data[at:end].split(b";")[0], 16)
+        if size == 0:
+            return b"".join(out)
+        out.append(data[end + 2 : end + 2 + size])
+        at = end + 2 + size + 2
+
+
+def _exchange(servers: Servers, request: bytes) -> tuple[bytes, bytes]:
+    """(head, decoded body framing) of the proxy's answer, read to the close."""
+    with socket.create_connection(("127.0.0.1", servers.port), timeout=READ_DEADLINE_SECONDS) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    chunked = b"transfer-encoding: chunked" in head.lower()
+    return head, _dechunk(body) if chunked else body
+
+
+@pytest.mark.parametrize("name", [n for n in ANSWERS if n != "gzip"])
+def test_each_framing_is_stripped_exactly_and_counted(servers: Servers, name: str) -> None:
+    answer = ANSWERS[name]
+    before = servers.metrics()
+    head, body = _exchange(servers, _request(BODY, b"X-Answer: " + name.encode()))
+    assert head.startswith(b"HTTP/1.1 200")
+    assert body == answer.body(False)  # what the upstream sends a client that did not ask for usage
+    assert servers.upstream.bodies[-1] == BODY[:-1] + b',"stream_options":{"include_usage":true}}'
+    after = servers.settled_after(before, "islwatch_isl_tokens_count", kind="server")
+    assert (
+        value(after, "islwatch_isl_tokens_sum", kind="server")
+        - value(before, "islwatch_isl_tokens_sum", kind="server")
+        == 12
+    )
+    stripped = "islwatch_stream_usage_injections_total"
+    assert value(after, stripped, result="stripped") == value(before, stripped, result="stripped") + 1
+
+
+def test_a_client_that_accepts_gzip_is_not_rewritten(servers: Servers) -> None:
+    """The server may compress its answer; a compressed stream cannot be edited: the request goes as sent,
+    and the answer (no usage: not asked) is relayed byte for byte and counted without a server count."""
+    before = servers.metrics()
+    head, body = _exchange(servers, _request(BODY, b"X-Answer: gzip", b"Accept-Encoding: gzip, br"))
+    assert servers.upstream.bodies[-1] == BODY
+    assert body == ANSWERS["gzip"].body(False) and b"content-encoding: gzip" in head.lower()
+    after = servers.settled_after(before, "islwatch_stream_usage_injections_total", result="skipped_encoding")
+    no_count = "islwatch_isl_match_total"
+    assert (
+        value(after, no_count, result="no_server_count")
+        == value(before, no_count, result="no_server_count") + 1
+    )
+
+
+def test_a_gzip_stream_that_asked_for_usage_is_read_through_a_decompressing_copy(servers: Servers) -> None:
+    asked = BODY[:-1] + b',"stream_options":{"include_usage":true}}'
+    before = servers.metrics()
+    _, body = _exchange(servers, _request(asked, b"X-Answer: gzip", b"Accept-Encoding: gzip"))
+    assert servers.upstream.bodies[-1] == asked
+    assert body == ANSWERS["gzip"].body(True)  # the compressed bytes as the upstream sent them
+    after = servers.settled_after(before, "islwatch_isl_tokens_count", kind="server")
+    assert (
+        value(after, "islwatch_isl_tokens_sum", kind="server")
+        - value(before, "islwatch_isl_tokens_sum", kind="server")
+        == 12
+    )
+
+
+def test_the_request_body_keeps_every_byte_but_the_added_member(servers: Servers) -> None:
+    """Integers beyond 64 bits, duplicate and escaped keys, odd whitespace: as the client sent them."""
+    body = (
+        b'{ "\\u006dodel" : "m",\n\t"seed": 123456789012345678901234567890, "user": 18446744073709551616,'
+        b' "max_tokens": 4, "max_tokens": 5, "temperature": 1E-7, "messages": [{"role": "user", '
+        b'"content": "caf\\u00e9 \\ud83d\\ude00"}], "stream" : true }\r\n  '
+    )
+    _exchange(servers, _request(body, b"X-Answer: lf"))
+    closing = body.rindex(b"}")
+    assert servers.upstream.bodies[-1] == (
+        body[:closing] + b',"stream_options":{"include_usage":true}' + body[closing:]
+    )
+
+
+@pytest.mark.parametrize(
+    "options", [b'"stream_options":{"include_usage":false}', b'"stream_options":null', b'"stream_options":{}']
+)
+def test_a_body_with_stream_options_is_not_rewritten(servers: Servers, options: bytes) -> None:
+    body = BODY[:-1] + b"," + options + b"}"
+    before = servers.metrics()
+    _, received = _exchange(servers, _request(body, b"X-Answer: lf"))
+    assert servers.upstream.bodies[-1] == body and received == ANSWERS["lf"].body(False)
+    servers.settled_after(before, "islwatch_stream_usage_injections_total", result="skipped_options")
+
+
+def test_a_cr_only_event_is_not_held_for_a_newline(servers: Servers) -> None:
+    """The upstream sends its head and first CR-framed event, then waits: the client gets that event while
+    the upstream still holds the rest (the old stripper waited for an LF)."""
+    first = _stream(b"\r", usage=True, fields=True)[0]
+
+    def arm() -> None:
+        servers.upstream.hold = True
+        servers.upstream.waiting, servers.upstream.release = asyncio.Event(), asyncio.Event()
+
+    servers.bg.call(arm)
+    try:
+        with socket.create_connection(("127.0.0.1", servers.port), timeout=READ_DEADLINE_SECONDS) as s:
+            s.sendall(_request(BODY, b"X-Answer: cr-fields"))
+            data = b""
+            while first not in data:
+                try:
+                    chunk = s.recv(65536)
+                except TimeoutError:
+                    raise AssertionError(f"the first event is held back; the client has {data!r}") from None
+                assert chunk, data
+                data += chunk
+            assert servers.bg.call(lambda: not servers.upstream.release.is_set())
+            servers.bg.loop.call_soon_threadsafe(servers.upstream.release.set)
+            while chunk := s.recv(65536):
+                data += chunk
+        _, _, body = data.partition(b"\r\n\r\n")
+        assert _dechunk(body) == ANSWERS["cr-fields"].body(False)
+    finally:
+        servers.bg.loop.call_soon_threadsafe(servers.upstream.release.set)
+        servers.bg.call(lambda: setattr(servers.upstream, "hold", False))
+
+
+def test_a_big_json_answer_counts_its_top_level_usage_only(servers: Servers) -> None:
+    """Over 64 KiB, with a gateway's trace block holding a nested usage after the server's."""
+    answer = orjson.dumps(
+        {
+            "id": "x",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "w" * 100_000}}],
+            "usage": {"prompt_tokens": 7306, "completion_tokens": 1, "total_tokens": 7307},
+            "trace": {"usage": {"prompt_tokens": 3}},
+        }
+    )
+    servers.upstream.raw_answers[b"big-json"] = (
+        b"HTTP/1.1 200 OK\r\n" + DATE + b"Content-Type: application/json\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(answer) + answer
+    )
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+    before = servers.metrics()
+    _, received = _exchange(servers, _request(body, b"X-Answer: big-json"))
+    assert received == answer
+    after = servers.settled_after(before, "islwatch_isl_tokens_count", kind="server")
+    assert (
+        value(after, "islwatch_isl_tokens_sum", kind="server")
+        - value(before, "islwatch_isl_tokens_sum", kind="server")
+        == 7306
+    )
