@@ -17,14 +17,15 @@ from loadgen.send.runner import Engine
 from loadgen.workload.conversations import Workload
 from tests.builders import build_tokenizer
 
+# Each event ends with its blank line, as servers send them (an event's data lines are joined: WHATWG).
 STREAM = [
-    b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n',
-    b": keep-alive\n",
-    b'data: {"choices":[{"delta":{"content":"Hel"}}]}\n',
-    b"data: not json\n",
-    b'data: {"choices":[{"delta":{"content":"lo"}}]}\n',
-    b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2}}\n',
-    b"data: [DONE]\n",
+    b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n',
+    b": keep-alive\n\n",
+    b'data: {"choices":[{"delta":{"content":"Hel"}}]}\n\n',
+    b"data: not json\n\n",
+    b'data: {"choices":[{"delta":{"content":"lo"}}]}\n\n',
+    b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2}}\n\n',
+    b"data: [DONE]\n\n",
 ]
 USAGES = [
     pytest.param({"prompt_tokens": True, "completion_tokens": 3}, None, id="true-is-no-count"),
