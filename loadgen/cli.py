@@ -39,16 +39,22 @@ def _workload_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tokenizer", default=DEFAULT_TOKENIZER, help=f"PATH_OR_ID[@REV] (default {DEFAULT_TOKENIZER})"
     )
-    p.add_argument("--endpoint", choices=[e.value for e in ENDPOINTS], default="chat")
+    p.add_argument("--endpoint", choices=[e.value for e in ENDPOINTS], default="chat", help="the API to call")
     p.add_argument(
         "--isl", type=int, help="templated tokens of the first request / per user turn (required unless "
         "--dataset or --trace gives the requests)",
     )  # fmt: skip
-    p.add_argument("--isl-stddev", type=float, default=0.0)
+    p.add_argument(
+        "--isl-stddev", type=float, default=0.0, help="a normal spread of --isl per turn (0: exact)"
+    )
     p.add_argument("--osl", type=int, default=128, help="max_tokens per request")
-    p.add_argument("--turns", type=int, default=1)
-    p.add_argument("--shared-system-prompt-length", type=int, default=0, metavar="N")
-    p.add_argument("--cache-bust", choices=[c.value for c in CacheBust], default="none")
+    p.add_argument(
+        "--turns", type=int, default=1, help="user turns per conversation, each with the replies so far"
+    )
+    p.add_argument("--shared-system-prompt-length", type=int, default=0, metavar="N",
+                   help="a system prompt of exactly N tokens shared by every conversation (0: none)")  # fmt: skip
+    p.add_argument("--cache-bust", choices=[c.value for c in CacheBust], default="none",
+                   help="where a per-conversation marker lands, so no prompt reuses another's cached prefix")  # fmt: skip
     p.add_argument("--content-parts", action="store_true", help="send user content as a list of text parts")
     p.add_argument("--images", type=int, help="generated PNG images in each conversation's first user message, "
                    "their tokens in the ISL (Qwen2-VL / Qwen2.5-VL tokenizer folders)")  # fmt: skip
@@ -61,16 +67,18 @@ def _load_options(p: argparse.ArgumentParser) -> None:
     load = p.add_mutually_exclusive_group()
     load.add_argument("--concurrency", type=int, help="closed loop: N users, each waits for its answer")
     load.add_argument("--request-rate", type=float, help="open loop: requests per second, scheduled ahead")
-    p.add_argument("--arrival", choices=list(ARRIVALS), default="poisson")
+    p.add_argument(
+        "--arrival", choices=list(ARRIVALS), default="poisson", help="the open loop's arrival times"
+    )
     stop = p.add_mutually_exclusive_group()
-    stop.add_argument("--request-count", type=int)
+    stop.add_argument("--request-count", type=int, help="requests to send")
     stop.add_argument("--duration", type=float, help="seconds of sending")
     p.add_argument("--warmup", type=int, default=0, help="requests sent first and excluded from results")
     p.add_argument("--streaming", action="store_true", help="stream; measure TTFT and inter-token latency")
     p.add_argument("--ignore-eos", action="store_true", help="send ignore_eos (vLLM/SGLang) so OSL is exact")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt text and the arrival times")
     p.add_argument("--workers", type=int, default=1, help="processes sending in parallel (for high rates)")
-    p.add_argument("--timeout-seconds", type=float, default=600.0)
+    p.add_argument("--timeout-seconds", type=float, default=600.0, help="longest wait for one answer")
 
 
 def _output_options(p: argparse.ArgumentParser) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -90,6 +91,10 @@ def _help(action: argparse.Action) -> str:
 
 def _default(action: argparse.Action) -> str:
     if action.default in (None, argparse.SUPPRESS, False) or action.required:
+        return ""
+    # A default read from the environment (`--api-key`: $OPENAI_API_KEY) is this machine's, maybe a secret:
+    # never written into a page.
+    if isinstance(action.default, str) and action.default in os.environ.values():
         return ""
     if isinstance(action.default, (list, tuple)) and not action.default:
         return ""

@@ -41,6 +41,15 @@ def test_check_mode_fails_on_a_stale_page(tmp_path: Path, monkeypatch: pytest.Mo
     assert gen_docs.main(["--check"]) == 1
 
 
+def test_pages_do_not_depend_on_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A default read from the environment (`--api-key`: $OPENAI_API_KEY) never reaches a page."""
+    before = {name: render() for name, render in gen_docs.PAGES.items()}
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-canary-0123456789")
+    after = {name: render() for name, render in gen_docs.PAGES.items()}
+    assert after == before
+    assert not any("sk-canary" in page for page in after.values())
+
+
 def test_metric_reference_has_every_family_once() -> None:
     page = (DOCS / "reference" / "metrics.md").read_text()
     rows = re.findall(r"^\| `(islwatch_\w+)` \|", page, re.M)
