@@ -317,6 +317,7 @@ def _summary(path: Path) -> str:
     """The first sentence of a module's docstring (read with ast: nothing is imported)."""
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
     first = " ".join(doc.split("\n\n", 1)[0].split())
+    first = re.sub(r"\s*\(issues? [\d, ]+\)", "", first)  # which issue asked for it is history, not what it is
     end = re.search(r"\.(\s|$)", first)
     return first[: end.start() + 1] if end else first
 

@@ -62,3 +62,21 @@ def test_the_checks_catch_a_moved_module() -> None:
     assert resolve("proxy.core.count.count_request")
     assert not resolve("proxy.core.count.no_such_function")
     assert not resolve("loadgen.no_such_module.firing")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_no_development_history(page: Path) -> None:
+    """The pages describe islwatch as it is: not which issue or session changed what."""
+    found = re.findall(r"(?i)\bissue[ -]?\d+|\bthis session\b|\bsession's start\b", page.read_text())
+    assert not found
+
+
+def test_the_readme_shows_the_compatibility_pages_matrix() -> None:
+    """The family x server x version table is written twice, for the README and the site: the same table."""
+
+    def matrix(text: str) -> str:
+        start = text.index("| family | vLLM")
+        return text[start : text.index("\n\n", start)]
+
+    readme = (REPO / "README.md").read_text()
+    assert matrix(readme) == matrix((REPO / "docs" / "compatibility" / "index.md").read_text())
