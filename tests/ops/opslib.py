@@ -187,14 +187,3 @@ def promtool_parse(exprs: dict[str, str]) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [promtool, "check", "rules", fh.name], capture_output=True, text=True, check=False
         )
-
-
-def markdown_anchors(text: str) -> set[str]:
-    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
-    anchors = set()
-    for line in text.splitlines():
-        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
-        if m:
-            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
-            anchors.add(slug)
-    return anchors
