@@ -12,8 +12,10 @@ the event-loop process can compare the server's answers.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,35 @@ class ProbeResult:
     first_diff: int | None  # first differing position (the shorter length for a strict prefix)
     ours: int  # token counts, for the log line
     theirs: int
+
+
+@dataclass(frozen=True)
+class ChatProbe:
+    """One chat the server renders itself (probe_set.chat_probe): islwatch's ids for it, and its ids under
+    each one-variable change of the template kwargs that renders otherwise."""
+
+    messages: list[dict[str, str]]
+    ours: list[int]
+    variants: list[tuple[dict[str, Any], list[int]]]
+
+
+def explain_chat(probe: ChatProbe, theirs: Sequence[int]) -> str | None:
+    """When the server's ids for the chat probe differ from islwatch's: the template kwargs under which
+    islwatch renders the server's ids, as a content-free phrase; None when no one-variable change does."""
+    for kwargs, ids in probe.variants:
+        if list(ids) == list(theirs):
+            return f"the server renders it as with chat_template_kwargs {json.dumps(kwargs)} (its default?)"
+    return None
+
+
+def chat_summary(probe: ChatProbe, theirs: Sequence[int]) -> str:
+    """One content-free line on the chat probe."""
+    if list(theirs) == list(probe.ours):
+        return "rendered chat equal"
+    diff = first_diff(probe.ours, theirs)
+    why = explain_chat(probe, theirs)
+    line = f"rendered chat differs at {diff} ({len(theirs) - len(probe.ours):+d} tokens)"
+    return f"{line}: {why}" if why else line
 
 
 def first_diff(a: Sequence[int], b: Sequence[int]) -> int | None:

@@ -128,15 +128,21 @@ def _text(rendered: Any) -> str:
 
 
 def render_messages(
-    tok: Any, messages: Messages, /, add_generation_prompt: bool = True, continue_final_message: bool = False
+    tok: Any,
+    messages: Messages,
+    /,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    **template_kwargs: Any,
 ) -> str:
-    """The prompt text the template renders for plain messages."""
+    """The prompt text the template renders for plain messages (`template_kwargs`: its extra variables)."""
     return _text(
         tok.apply_chat_template(
             messages,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             tokenize=False,
+            **template_kwargs,
         )
     )
 

@@ -141,10 +141,12 @@ class TokenizerReport:
     # The server parity probe (core/probe.py): [name, text] pairs and islwatch's ids for each text.
     probes: list[list[str]] | None = None
     probe_ids: list[list[int]] | None = None
+    # The chat probe (core/probe_set.py chat_probe): [messages, islwatch's ids, [[kwargs, ids], ...]].
+    chat_probe: list[Any] | None = None
 
     def as_row(self) -> list[Any]:
         return [self.key, self.label, self.identity, self.parity_ok, self.parity_summary, self.error,
-                self.probes, self.probe_ids]  # fmt: skip
+                self.probes, self.probe_ids, self.chat_probe]  # fmt: skip
 
     @classmethod
     def from_row(cls, row: list[Any]) -> TokenizerReport:

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.core.probe import Probe, compare, summary
+from proxy.core.probe import ChatProbe, Probe, chat_summary, compare, summary
 from proxy.server.metrics import Metrics
 from proxy.server.pool import AnalysisPool
 from proxy.server.records import TokenizerReport
@@ -81,6 +81,22 @@ async def server_ids(
     return None
 
 
+async def server_chat_ids(
+    session: aiohttp.ClientSession, base_url: str, model: str | None, probe: ChatProbe
+) -> list[int] | None:
+    """The server's ids for the chat probe: vLLM's `/tokenize` renders messages with its own template and
+    its server-wide kwargs (TokenizeChatRequest; `add_special_tokens` false, as islwatch encodes the
+    render). None when it does not answer that shape."""
+    body: dict[str, Any] = {
+        "messages": probe.messages,
+        "add_generation_prompt": True,
+        "add_special_tokens": False,
+    }
+    if model is not None:
+        body["model"] = model
+    return await _one(session, base_url.rstrip("/") + "/tokenize", body)
+
+
 def client_session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_SECONDS), trust_env=False)
 
@@ -105,7 +121,17 @@ async def probe_reports(
             continue
         shape, theirs = answer
         results = compare(probe_set, r.probe_ids, theirs)
-        out[r.label] = (all(x.equal for x in results), f"{summary(results)} ({shape} /tokenize)")
+        ok, line = all(x.equal for x in results), f"{summary(results)} ({shape} /tokenize)"
+        if shape == "vllm" and r.chat_probe is not None:  # llama-server's /tokenize takes no messages
+            chat = ChatProbe(r.chat_probe[0], r.chat_probe[1], [(k, ids) for k, ids in r.chat_probe[2]])
+            try:
+                chat_ids = await server_chat_ids(session, base_url, r.key or None, chat)
+            except Exception as exc:  # as above: never stops the proxy
+                chat_ids, line = None, f"{line}; rendered chat unknown ({type(exc).__name__})"
+            if chat_ids is not None:
+                ok = ok and chat_ids == chat.ours
+                line = f"{line}; {chat_summary(chat, chat_ids)}"
+        out[r.label] = (ok, line)
     return out
 
 
@@ -118,6 +144,7 @@ class ServerProbe:
         self.metrics = metrics
         self.due = asyncio.Event()  # set by the pool on every successful (re)load
         self.runs = 0  # probe rounds finished (tests wait on it)
+        self.lines: dict[str, str] = {}  # per model label, the last verdict's content-free line (/readyz)
 
     async def run(self, pool: AnalysisPool) -> None:
         async with client_session() as session:
@@ -131,5 +158,6 @@ class ServerProbe:
     async def once(self, session: aiohttp.ClientSession, reports: Sequence[TokenizerReport]) -> None:
         for label, (ok, line) in (await probe_reports(session, self.base_url, reports)).items():
             self.metrics.server_probed(label, ok)
+            self.lines[label] = line
             log.log(logging.WARNING if ok is False else logging.INFO, "model %s: %s", label, line)
         self.runs += 1

@@ -18,7 +18,7 @@ from proxy.emulator.faults import parse_faults
 from proxy.server.admin import PROBE
 from proxy.server.app import run_proxy
 from tests.builders import save_tokenizer
-from tests.conftest import load_builtin
+from tests.conftest import load_builtin, load_shared, shared_dir
 from tests.eventually import eventually_async
 from tests.server.helpers import fetch_metrics, proxy_config, value, wait_metrics
 
@@ -80,3 +80,27 @@ async def test_swapped_tokenizer_fails_parity_and_names_the_cause(other_folder: 
         after = await chat_metrics(url, admin_url)
     assert value(after, "islwatch_isl_match_total", result="mismatch") == 1
     assert value(after, "islwatch_drift_total", cause="server_tokenizer_differs") == 1
+
+
+async def test_other_server_template_kwargs_are_named_in_the_verdict() -> None:
+    """The chat probe: the server (here the emulator, rendering Qwen3's template without server-wide kwargs)
+    renders the probe chat itself; islwatch was told the server runs `enable_thinking: false`. The verdict
+    differs and names the kwargs under which islwatch renders the server's ids (tests/vllm_server checks the
+    same against a real vLLM)."""
+    folder = str(shared_dir("qwen3"))
+    runner, emu_url = await start_emulator(EmulatorConfig(tokenizer=folder), tokenizer=load_shared("qwen3"))
+    config = proxy_config(emu_url, tokenizer=folder, default_chat_template_kwargs={"enable_thinking": False})
+    try:
+        async with run_proxy(config, CollectorRegistry()) as (_, admin_url, admin):
+            await eventually_async(lambda: admin[PROBE].runs >= 1, what="one probe round")
+            async with aiohttp.ClientSession() as s:
+                metrics = await fetch_metrics(s, admin_url)
+                async with s.get(admin_url + "/readyz") as r:
+                    ready = await r.json()
+    finally:
+        await runner.cleanup()
+    assert value(metrics, "islwatch_server_parity_ok", model="default") == 0
+    assert ready["server_parity"] == {"default": "differs"}
+    detail = ready["server_parity_detail"]["default"]
+    assert "server parity ok" in detail  # every text probe equal: the tokenizer is the same
+    assert "rendered chat differs" in detail and '{"enable_thinking": true}' in detail

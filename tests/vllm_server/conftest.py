@@ -101,15 +101,18 @@ def background() -> Iterator[Background]:
     bg.close()
 
 
-def start_proxy(bg: Background, server: VllmServer, tokenizer: str | None = None) -> tuple[str, str]:
+def start_proxy(
+    bg: Background, server: VllmServer, tokenizer: str | None = None, **overrides: Any
+) -> tuple[str, str]:
     """An islwatch proxy (default vllm flavor) in front of one server, its model mapped to the shared
-    tokenizer folder the tiny model was built around (or to `tokenizer`'s)."""
+    tokenizer folder the tiny model was built around (or to `tokenizer`'s); `overrides`: config values."""
     from proxy.server.app import run_proxy
 
     cfg = proxy_config(
         server.base_url,
         tokenizer="none",
         model_tokenizers={server.model: str(SHARED_TOKENIZERS / (tokenizer or server.family))},
+        **overrides,
     )
     url, admin_url, _ = bg.enter(run_proxy(cfg))
     return url, admin_url

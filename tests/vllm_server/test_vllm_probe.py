@@ -12,13 +12,15 @@ requests as islwatch does (tests/vllm_oracle). An earlier fixture served its fil
 
 from __future__ import annotations
 
+import json
 import urllib.request
 from typing import Any
 
 import pytest
 
 from tests.eventually import eventually
-from tests.server.helpers import parse_metrics, value
+from tests.server.helpers import Background, parse_metrics, value
+from tests.vllm_server.conftest import start_proxy
 from tests.vllm_server.test_vllm_direct import request
 from tests.vllm_server.vllm_proc import PROBE_SERVER, PROBE_TOKENIZER, VllmServer, post_raw
 from tests.vllm_server.vllm_shapes import CHAT
@@ -66,6 +68,24 @@ def test_a_differing_server_tokenizer_is_found_and_named(
     assert value(after, differs, cause="server_tokenizer_differs") == 1 + value(
         before, differs, cause="server_tokenizer_differs"
     )
+
+
+def test_other_server_template_kwargs_are_named(
+    vllm_servers: dict[str, VllmServer], background: Background
+) -> None:
+    """The chat probe against a real vLLM: its /tokenize renders the probe chat with its own template and
+    server-wide kwargs. A proxy told `enable_thinking: false` (as if the server ran
+    `--default-chat-template-kwargs`) in front of a Qwen3 server started without it: the verdict differs
+    and names the kwargs under which islwatch renders the server's ids. (Every family's own proxy above
+    passes the same chat probe: test_families_islwatch_tokenizes_alike_pass.)"""
+    server = vllm_servers["qwen3"]
+    _, admin_url = start_proxy(background, server, default_chat_template_kwargs={"enable_thinking": False})
+    assert parity(admin_url, server.model) == 0
+    with urllib.request.urlopen(admin_url + "/readyz", timeout=30) as r:
+        ready = json.loads(r.read())
+    detail = ready["server_parity_detail"][server.model]
+    assert "server parity ok" in detail  # the text probes: the same tokenizer
+    assert "rendered chat differs" in detail and '{"enable_thinking": true}' in detail
 
 
 @pytest.mark.parametrize(("tokenizer", "code"), [(PROBE_SERVER, 0), (PROBE_TOKENIZER, 1)])
