@@ -27,12 +27,24 @@ USAGE_KEY = b'"usage"'
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 # The last bytes of a chunk that ends with a blank line, whatever the two line ends (LF LF, CR CR, LF CR,
 # CR CRLF, LF CRLF; CRLF LF and CRLF CRLF end in one of these). A CR then LF is one line end (CRLF), not two.
-_EVENT_ENDS = (b"\n\n", b"\r\r", b"\n\r", b"\n\r\n", b"\r\r\n")
+EVENT_ENDS = (b"\n\n", b"\r\r", b"\n\r", b"\n\r\n", b"\r\r\n")
 
 
-def ends_with_event(chunk: bytes) -> bool:
-    """The chunk's last line end is a blank line: read from a line start, it ends on an event boundary."""
-    return chunk.endswith(_EVENT_ENDS)
+def first_events_end(chunk: bytes) -> int:
+    """The length of the shortest prefix of `chunk` that ends with a blank line (0: none)."""
+    if b"\r" not in chunk:  # LF line ends, as most servers send: one search
+        return chunk.find(b"\n\n") + 2 if b"\n\n" in chunk else 0
+    return min((chunk.find(end) + len(end) for end in EVENT_ENDS if end in chunk), default=0)
+
+
+def events_end(chunk: bytes) -> int:
+    """The length of the longest prefix of `chunk` that ends with a blank line (0: none): read from a line
+    start, whole events. C-speed searches from the end, whatever the chunk's size."""
+    if chunk.endswith(EVENT_ENDS):
+        return len(chunk)
+    if b"\r" not in chunk:
+        return chunk.rfind(b"\n\n") + 2 if b"\n\n" in chunk else 0
+    return max((chunk.rfind(end) + len(end) for end in EVENT_ENDS if end in chunk), default=0)
 
 
 class LineReader:
@@ -56,9 +68,9 @@ class LineReader:
         """The next byte fed starts a line, or is the LF of a CRLF already cut at its CR."""
         return not self._partial and not self._overlong
 
-    def skip(self, chunk: bytes) -> None:
-        """Pass over a chunk read from a line start that ends on a line end (`ends_with_event`)."""
-        self._after_cr = chunk.endswith(b"\r")
+    def skip(self, chunk: bytes, end: int) -> None:
+        """Pass over `chunk[:end]`, read from a line start and ending on a line end (`events_end`)."""
+        self._after_cr = chunk[end - 1] == 0x0D
 
     def split(self, chunk: bytes) -> tuple[bytes, list[bytes], bytes]:
         """(bytes that continue the line before: the LF of a CRLF cut at its CR, or the rest of an over-long

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from .sse import MAX_LINE_BYTES, USAGE_KEY, Event, LineReader, ends_with_event
+from .sse import EVENT_ENDS, MAX_LINE_BYTES, USAGE_KEY, Event, LineReader, events_end, first_events_end
 
 _NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
 
@@ -154,14 +154,27 @@ class SSEUsageParser:
         self._tally = UsageTally()
 
     def feed(self, chunk: bytes) -> None:
-        if (
-            USAGE_KEY not in chunk
-            and self._lines.at_line_start
-            and not self._event.pending
-            and ends_with_event(chunk)
-        ):
-            self._lines.skip(chunk)  # most chunks: whole events, none of which can hold usage
-            return
+        if USAGE_KEY not in chunk:
+            # Most chunks hold whole events without usage: only an event begun in an earlier chunk, up to its
+            # blank line, and one begun at the end of this chunk are read line by line.
+            at_event_start = self._lines.at_line_start and not self._event.pending
+            if at_event_start and chunk.endswith(EVENT_ENDS):  # the commonest: one or more whole events
+                self._lines.skip(chunk, len(chunk))
+                return None
+            if not at_event_start:
+                first = first_events_end(chunk)
+                if not first:
+                    return self._read(chunk)
+                self._read(chunk[:first])
+                chunk = chunk[first:]
+            if end := events_end(chunk):
+                self._lines.skip(chunk, end)
+                chunk = chunk[end:]
+            if not chunk:
+                return None
+        return self._read(chunk)
+
+    def _read(self, chunk: bytes) -> None:
         _, lines, tail = self._lines.split(chunk)
         for raw in lines:
             self._line(raw)
@@ -234,19 +247,25 @@ class SSEUsageStripper:
         return self._tally.result()
 
     def feed(self, chunk: bytes) -> bytes:
-        if (
-            USAGE_KEY not in chunk
-            and not self._held
-            and not self._passing
-            and not self._dropped
-            and self._lines.at_line_start
-            and not self._event.pending
-            and ends_with_event(chunk)
-        ):
-            self._lines.skip(chunk)  # whole events that cannot be the usage chunk: passed as they are
-            return chunk
-        head, lines, tail = self._lines.split(chunk)
         out: list[bytes] = []
+        if USAGE_KEY not in chunk and not self._passing:
+            # As the parser: whole events without usage pass on as they are, without being split into lines.
+            if self._held or self._dropped or self._event.pending or not self._lines.at_line_start:
+                first = first_events_end(chunk)
+                if not first:
+                    return self._read(chunk, out)
+                self._read(chunk[:first], out)
+                chunk = chunk[first:]
+            if not self._dropped and (end := events_end(chunk)):
+                self._lines.skip(chunk, end)
+                if end == len(chunk) and not out:
+                    return chunk
+                out.append(chunk[:end])
+                chunk = chunk[end:]
+        return self._read(chunk, out) if chunk else b"".join(out)
+
+    def _read(self, chunk: bytes, out: list[bytes]) -> bytes:
+        head, lines, tail = self._lines.split(chunk)
         if head:
             if self._held:
                 self._hold(head, out)
