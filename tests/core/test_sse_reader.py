@@ -15,6 +15,7 @@ import pytest
 
 from proxy.core.sse import LineReader
 from proxy.core.usage import SSEUsageParser, SSEUsageStripper, Usage
+from tests.server.helpers import load_recorded, recorded_fixtures
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14}
 BASE = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
@@ -182,3 +183,25 @@ def test_usage_on_a_chunk_with_choices_is_not_taken_out() -> None:
     stripper = SSEUsageStripper()
     assert stripper.feed(stream) + stripper.flush() == stream
     assert stripper.result() == Usage(12, 2, 14) and stripper.stripped == 0
+
+
+RECORDED = [p for p in recorded_fixtures() if "_stream_" in p.stem]
+
+
+@pytest.mark.skipif(not RECORDED, reason="shared llama-server fixtures absent")
+@pytest.mark.parametrize("nl", [b"\n", b"\r\n", b"\r"], ids=["lf", "crlf", "cr"])
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
+def test_recorded_llama_server_streams_in_every_framing(path: object, nl: bytes) -> None:
+    """Real llama-server streams, their line ends rewritten to each framing, in every chunking: the same
+    usage, and the stripper gives back the stream minus the usage-only event (llama.cpp's completions finish
+    chunk keeps its usage: it has choices)."""
+    body = load_recorded(path).body  # type: ignore[arg-type]
+    assert b"\r" not in body
+    stream = body.replace(b"\n", nl)
+    events = [e + nl + nl for e in stream.split(nl + nl) if e]
+    expected_out = b"".join(e for e in events if b'"choices":[]' not in e)
+    expected = _parsed([body])
+    for chunks in _chunkings(stream):
+        assert _parsed(chunks) == expected
+        stripper = SSEUsageStripper()
+        assert b"".join(stripper.feed(c) for c in chunks) + stripper.flush() == expected_out
