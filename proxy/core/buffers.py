@@ -14,6 +14,8 @@ import re
 
 import orjson
 
+from .sse import USAGE_KEY
+
 # A JSON answer up to this size is kept whole (one full parse); a bigger one keeps only its usage value.
 JSON_WHOLE_BYTES = 64 << 10
 # The most kept of a top-level usage value: servers' usage objects are a few hundred bytes.
@@ -27,6 +29,8 @@ _STRING_REST = re.compile(rb'(?:[^"\\]++|\\.)*+', re.S)
 # Every byte but quotes and brackets (deleted to reduce a chunk to its structure), and a string in what is left.
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"{}[]')
 _SKELETON_STRING = re.compile(rb'"[^"]*"')
+# Balanced pairs removed per chunk at most: a chunk nested deeper is read token by token (linear either way).
+_COLLAPSE_PASSES = 64
 _TOKEN = re.compile(rb'[{}\[\]:,"]')
 
 
@@ -80,15 +84,15 @@ class JSONUsageWindow:
     def _scan(self, chunk: bytes) -> None:
         pos, n = 0, len(chunk)
         cap = 0  # where the capture resumes in this chunk
-        skip = True  # the nested-value skip may apply (once per entry into a nested value)
+        skip = True  # the C-speed skip may apply (tried again when back at the top level)
         while pos < n:
             if self._in_string:
                 pos = self._string(chunk, pos)
                 continue
-            if self._depth >= 2 and skip:
+            if skip and self._depth >= 1:
                 skip = False
-                if self._skip_nested(chunk, pos):
-                    break
+                pos = self._skip(chunk, pos)
+                continue
             token = _TOKEN.search(chunk, pos)
             if token is None:
                 break
@@ -107,7 +111,8 @@ class JSONUsageWindow:
                 self._depth -= 1
                 if self._depth == 0 and self._capture is not None:
                     cap = self._end_capture(chunk, cap, token.start())
-                skip = self._depth == 1  # back at the top: the next nested value may be skipped
+                # Back at the top level: the rest may be skipped if no usage member can be in it.
+                skip = self._depth == 1 and not self._relevant(chunk, pos)
             elif self._depth == 1 and self._root_object:
                 if c == 0x3A and usage_key:  # ':' after the key "usage": its value starts here
                     self._capture, self._value, cap = bytearray(), None, pos
@@ -117,6 +122,16 @@ class JSONUsageWindow:
             self._capture += chunk[cap:]
             if len(self._capture) > self.window:  # not a server's usage: the last usage member is unread
                 self._capture = None
+
+    def _relevant(self, chunk: bytes, pos: int) -> bool:
+        """From `pos`, the chunk may hold (or continue) a top-level usage member: a `"usage"` key, an
+        escaped key that may spell it, a key read just before, or a usage value being read."""
+        return (
+            self._capture is not None
+            or self._usage_key
+            or chunk.find(USAGE_KEY, pos) >= 0
+            or chunk.find(b"\\u", pos) >= 0
+        )
 
     def _end_capture(self, chunk: bytes, cap: int, end: int) -> int:
         assert self._capture is not None
@@ -148,11 +163,15 @@ class JSONUsageWindow:
             self._key = None
         return end + 1
 
-    def _skip_nested(self, chunk: bytes, pos: int) -> bool:
-        """Inside a nested value at `pos`: True (and the state updated) when the chunk does not get back to
-        the top level, found with a few C-speed passes instead of a step per token; False to read it token
-        by token. The chunk is reduced to its quotes and brackets (escaped backslashes and quotes first),
-        strings are removed, then balanced pairs: what is left is the closes and opens that cross it."""
+    def _skip(self, chunk: bytes, pos: int) -> int:
+        """Pass over `chunk[pos:]` (outside a string, inside the root) without a step per token where that
+        is safe: the position to read on from, `pos` when nothing was skipped.
+
+        The chunk is reduced to its structure: escaped backslashes and quotes removed, every byte but quotes
+        and brackets deleted, strings removed, then balanced pairs: what is left is the closes and opens
+        that cross the chunk. Skipped when that never brings the scan back to the top level, or when it does
+        but the chunk can hold no usage member (`_relevant`). A string still open at the end at the top
+        level may be a key: the scan reads on from its opening quote."""
         rest = chunk[pos:] if pos else chunk
         flat = rest
         if b"\\" in flat:
@@ -163,19 +182,38 @@ class JSONUsageWindow:
         quote = flat.find(b'"')  # a string still open at the chunk's end
         if quote >= 0:
             flat = flat[:quote]
-        while True:
+        for _ in range(_COLLAPSE_PASSES):
             inner = flat.replace(b"{}", b"").replace(b"[]", b"")
             if len(inner) == len(flat):
                 break
             flat = inner
+        else:
+            return pos  # nested deeper than the passes reach within one chunk: read token by token
         closes = flat.count(b"}") + flat.count(b"]")
-        if self._depth - closes < 2:
-            return False
+        lowest = self._depth - closes
+        if lowest < 1 or (lowest < 2 and self._relevant(chunk, pos)):
+            return pos
         self._depth += len(flat) - 2 * closes
-        if quote >= 0:
+        if quote < 0:
+            return len(chunk)
+        if self._depth >= 2:
             self._in_string = True
             self._escape = (len(rest) - len(rest.rstrip(b"\\"))) % 2 == 1
-        return True
+            return len(chunk)
+        return pos + _open_quote(rest)
+
+
+def _open_quote(data: bytes) -> int:
+    """Where the string still open at the end of `data` starts: its last quote not escaped (no unescaped
+    quote follows an opening one inside a string)."""
+    at = len(data)
+    while True:
+        at = data.rfind(b'"', 0, at)
+        before = at - 1
+        while before >= 0 and data[before] == 0x5C:  # backslash
+            before -= 1
+        if (at - 1 - before) % 2 == 0:
+            return at
 
 
 def _is_usage(key: bytes) -> bool:

@@ -122,3 +122,20 @@ def test_one_byte_at_a_time_past_the_whole_limit() -> None:
     )
     assert len(body) > JSON_WHOLE_BYTES
     assert _kept(body, [body[i : i + 1] for i in range(len(body))]) == Usage(21)
+
+
+def test_an_answer_of_many_top_level_members() -> None:
+    """The top level itself is big: keys cut anywhere by the chunks, the usage member among them."""
+    first = {f"k{i}": f"v{i}" for i in range(6000)}
+    last = {f"m{i}": [i, {"usage": {"prompt_tokens": 2}}] for i in range(3000)}
+    body = orjson.dumps({**first, "usage": {"prompt_tokens": 77}, **last})
+    assert len(body) > JSON_WHOLE_BYTES and usage_from_json_bytes(body) == Usage(77)
+    assert _every_way(body) == {Usage(77)}
+
+
+def test_values_nested_deeper_than_one_chunk_holds() -> None:
+    """Thousands of levels in one chunk: read token by token there (linear), usage still found."""
+    deep = b"[" * 3000 + b'"]]"' + b"]" * 3000
+    body = b'{"pad":"' + b"p" * 70_000 + b'","a":' + deep + b',"usage":{"prompt_tokens":4},"b":' + deep + b"}"
+    assert _kept(body, [body[i : i + 8192] for i in range(0, len(body), 8192)]) == Usage(4)
+    assert _kept(body) == Usage(4)
