@@ -139,3 +139,35 @@ def test_values_nested_deeper_than_one_chunk_holds() -> None:
     body = b'{"pad":"' + b"p" * 70_000 + b'","a":' + deep + b',"usage":{"prompt_tokens":4},"b":' + deep + b"}"
     assert _kept(body, [body[i : i + 8192] for i in range(0, len(body), 8192)]) == Usage(4)
     assert _kept(body) == Usage(4)
+
+
+def _random_value(rng: random.Random, depth: int) -> object:
+    kind = rng.random()
+    if depth > 6 or kind < 0.3:
+        return rng.choice(
+            [1, -2.5e10, True, None, "", 'a"b\\\\c{[', '"usage": {', "\\", "é\u2028😀", "x" * 300]
+        )
+    if kind < 0.6:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    obj = {}
+    for _ in range(rng.randrange(5)):
+        key = rng.choice(["usage", "a", 'k"{', "\\usage", "usage\\"])
+        obj[key] = {"prompt_tokens": rng.randrange(100)} if key == "usage" else _random_value(rng, depth + 1)
+    return obj
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_random_answers_read_as_a_full_parse_reads_them(seed: int) -> None:
+    """Random documents (quotes, backslashes and brackets in strings, usage members at every depth, the
+    top-level one or none) padded past JSON_WHOLE_BYTES: the scan agrees with orjson in every chunking."""
+    rng = random.Random(seed)
+    top = {f"f{i}": _random_value(rng, 1) for i in range(rng.randrange(1, 40))}
+    if rng.random() < 0.7:
+        top["usage"] = {"prompt_tokens": rng.randrange(1000), "total_tokens": 5}
+        if rng.random() < 0.5:  # the usage member moves before the padding
+            top = {"usage": top.pop("usage"), **top}
+    top["pad"] = ["\\" * rng.randrange(3) + '"' * rng.randrange(3) + "y" * 500 for _ in range(150)]
+    top["tail"] = _random_value(rng, 1)
+    body = orjson.dumps(top)
+    assert len(body) > JSON_WHOLE_BYTES
+    assert _every_way(body) == {usage_from_json_bytes(body)}
