@@ -64,6 +64,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--body-timeout-seconds", type=float, help="longest pause between request body bytes (default 60)")
     a("--idle-timeout-seconds", type=float, help="close a keep-alive connection idle this long (default 75)")
     a("--max-connections", type=int, help="client connections past this are closed at once (default 1024)")
+    a("--max-inflight-body-bytes", type=int,
+      help="request bodies held at once; past it new requests wait, then get a 503 (default 256 MiB)")  # fmt: skip
+    a("--admin-max-requests", type=int, help="admin requests in flight; past it a 503 (default 64)")
     a("--server-probe", choices=["auto", "off"],
       help="compare the server's /tokenize with islwatch's ids on probe texts (default auto)")  # fmt: skip
     a("--server-probe-interval-seconds", type=float, help="seconds between server probes (default 600)")
@@ -89,7 +92,8 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
             "server_probe_interval_seconds", "upstream_metrics_url", "upstream_metrics_interval_seconds",
             "header_timeout_seconds", "body_timeout_seconds", "idle_timeout_seconds", "max_connections",
             "default_chat_template_kwargs", "harmony_start_date", "tokenizer_mode",
-            "upstream_max_field_bytes", "upstream_max_header_fields",
+            "upstream_max_field_bytes", "upstream_max_header_fields", "max_inflight_body_bytes",
+            "admin_max_requests",
         )
     }  # fmt: skip
     if getattr(args, "model_tokenizer", None):
@@ -102,9 +106,9 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from proxy.runtime.loop import run as run_loop
     from proxy.server.app import serve
     from proxy.server.config import ConfigError
-    from proxy.server.loop import run as run_loop
 
     try:
         config = config_from_args(args)

@@ -1,8 +1,10 @@
-"""The admin app: /metrics (prometheus_client's own aiohttp exposition: content negotiation, OpenMetrics and
-gzip included), /healthz, /readyz (200 only while every tokenizer is loaded and an analysis worker runs with
-them: the proxy relays either way, but says when it is not measuring, and why, in `analysis`; with
-`upstream_health_path`, also only while the upstream's health path answers 200, so a server bound to
-loopback in the pod is probed through islwatch), POST /reload (also on SIGHUP).
+"""The admin app: /metrics (exposition.py: prometheus_client's encoders in a thread, renders shared and
+spaced so that scrapes cannot stall traffic; content negotiation, OpenMetrics and gzip included), /healthz,
+/readyz (200 only while every tokenizer is loaded and an analysis worker runs with them: the proxy relays
+either way, but says when it is not measuring, and why, in `analysis`; with `upstream_health_path`, also only
+while the upstream's health path answers 200, so a server bound to loopback in the pod is probed through
+islwatch), POST /reload (also on SIGHUP). exposition.AdminGate caps the requests in flight and checks the
+bearer token when one is set.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
-from prometheus_client.aiohttp import make_aiohttp_handler
 
+from proxy.server.exposition import AdminGate, Exposition
 from proxy.server.metrics import Metrics
 from proxy.server.pool import AnalysisPool
 from proxy.server.processes import WorkerExited
@@ -37,8 +39,10 @@ def build_admin(
     metrics: Metrics,
     upstream_health: str | None = None,
     probe: ServerProbe | None = None,
+    max_requests: int = 64,
+    token: str | None = None,
 ) -> web.Application:
-    admin = web.Application()
+    admin = web.Application(middlewares=[AdminGate(max_requests, token, metrics).middleware])
     admin[POOL] = pool
     admin[METRICS] = metrics
     if probe is not None:
@@ -47,11 +51,17 @@ def build_admin(
     if upstream_health is not None:
         admin[UPSTREAM_HEALTH] = upstream_health
         admin.cleanup_ctx.append(_health_session)
-    admin.router.add_get("/metrics", make_aiohttp_handler(metrics.registry))
+    exposition = Exposition(metrics.registry)
+    admin.on_cleanup.append(lambda _: _closed(exposition))
+    admin.router.add_get("/metrics", exposition.handle)
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/readyz", readyz)
     admin.router.add_post("/reload", reload_view)
     return admin
+
+
+async def _closed(exposition: Exposition) -> None:
+    exposition.close()
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -92,6 +102,10 @@ async def readyz(request: web.Request) -> web.Response:
         body["server_parity"] = {
             m: ("ok" if parity[m] else "differs") if m in parity else "unknown" for m in models
         }
+        lines = request.app[PROBE].lines  # why it differs: which probes, the server's template kwargs
+        differs = {m: lines[m] for m in models if m in parity and not parity[m] and m in lines}
+        if differs:
+            body["server_parity_detail"] = differs
     if upstream is not None:
         body["upstream"] = upstream
     if problem is None and upstream in (None, "ok"):

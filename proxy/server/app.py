@@ -19,16 +19,19 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from proxy.runtime import compat
+from proxy.runtime.heap import freeze_startup_heap
+from proxy.runtime.pooled import PoolMarkingConnector
 from proxy.server.admin import POOL, build_admin, reload_tokenizers
+from proxy.server.budget import BodyBudget
 from proxy.server.config import ProxyConfig
 from proxy.server.engine_metrics import EngineScraper
 from proxy.server.guard import Guard, Limits, ServerLog, ensure_fd_limit
 from proxy.server.handler import CONTEXT, FRESH_SESSION, SESSION, ProxyContext, handle
-from proxy.server.heap import freeze_startup_heap
+from proxy.server.headers import keep_received_bytes
 from proxy.server.inspect import Policy
 from proxy.server.metrics import build_metrics
 from proxy.server.pool import AnalysisPool
-from proxy.server.pooled import PoolMarkingConnector
 from proxy.server.problems import ProblemLog
 from proxy.server.records import DEFAULT_KEY, AnalysisSpec
 from proxy.server.server_probe import ServerProbe
@@ -83,7 +86,8 @@ def build_apps(
         body_timeout=config.body_timeout_seconds,
         sample_rate=config.analysis_sample_rate,
     )
-    context = ProxyContext(config.upstream, metrics, pool, policy, ProblemLog(log))
+    budget = BodyBudget(config.max_inflight_body_bytes, config.max_body_bytes, metrics)
+    context = ProxyContext(config.upstream, metrics, pool, policy, ProblemLog(log), budget)
 
     async def analysis_pool(app: web.Application) -> AsyncIterator[None]:
         # Loading tokenizers takes seconds; traffic flows meanwhile and /readyz says when analysis is ready.
@@ -109,7 +113,8 @@ def build_apps(
     traffic.router.add_route("*", r"/{tail:[\s\S]*}", handle)
 
     health = config.upstream + config.upstream_health_path if config.upstream_health_path else None
-    return traffic, build_admin(pool, metrics, health, probe)
+    token = config.admin_token.get_secret_value() if config.admin_token is not None else None
+    return traffic, build_admin(pool, metrics, health, probe, config.admin_max_requests, token or None)
 
 
 def upstream_session(
@@ -178,6 +183,9 @@ class Servers(NamedTuple):
 async def start_servers(config: ProxyConfig, registry: CollectorRegistry | None = None) -> Servers:
     traffic, admin = build_apps(config, registry)
     context = traffic[CONTEXT]
+    keep_received_bytes()  # heads keep the bytes they were received with (headers.py): set here, not on import
+    for dep in compat.check(log):  # the private internals used: a tested release, or one log line saying not
+        context.metrics.dependency_info.labels(dep.library, dep.version, str(dep.tested).lower()).set(1)
     server_log = ServerLog(context.metrics, context.problems)  # aiohttp's own lines, without content
     # handler_cancellation: a client that disconnects cancels its handler at once, which cancels the
     # upstream request (and the generation behind it) instead of waiting for the next chunk to fail.

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from yarl import URL
 
 from proxy.core.specs import DEFAULT_TOKENIZER, ServerFlavor
@@ -79,6 +79,17 @@ class ProxyConfig(BaseModel):
     body_timeout_seconds: float = Field(default=60.0, gt=0)
     idle_timeout_seconds: float = Field(default=75.0, gt=0)
     max_connections: int = Field(default=1024, ge=1)
+    # Request bodies held at once, by their declared length (a chunked one counts as max_body_bytes): past
+    # it a new request waits for room, then gets a 503 with Retry-After (guard.BodyBudget). A body peaks at
+    # ~3x its size in memory, so 256 MiB keeps a burst of maximum-size bodies within the deploy/ manifests'
+    # 1536Mi limit beside the ~450 MB the process tree uses.
+    max_inflight_body_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    # Admin requests in flight at once (exposition.AdminGate); beyond, a 503 with Retry-After.
+    admin_max_requests: int = Field(default=64, ge=1)
+    # When set, /metrics and POST /reload need `Authorization: Bearer <token>` (/healthz and /readyz stay
+    # open for the kubelet's probes). Set it from the environment (ISLWATCH_ADMIN_TOKEN, e.g. a Secret) or
+    # the YAML file: a flag would show it in the process list.
+    admin_token: SecretStr | None = None
     # When set, /readyz is 200 only while GET upstream + this path answers 200 too (vLLM and llama-server:
     # /health), so a server bound to loopback inside the pod is probed through islwatch's admin port.
     upstream_health_path: str | None = None
@@ -182,6 +193,7 @@ _EMPTY_IS_UNSET = (
     "upstream_health_path",
     "upstream_metrics_url",
     "harmony_start_date",
+    "admin_token",
 )
 
 

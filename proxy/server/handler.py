@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
+from proxy.server.budget import BodyBudget, refused
 from proxy.server.guard import connection_guard
 from proxy.server.inspect import Inspected, Policy, inspect
 from proxy.server.metrics import Metrics
@@ -32,6 +33,7 @@ class ProxyContext:
     pool: AnalysisPool
     policy: Policy
     problems: ProblemLog
+    budget: BodyBudget | None = None  # --max-inflight-body-bytes (budget.py)
 
 
 CONTEXT = web.AppKey("context", ProxyContext)
@@ -43,9 +45,16 @@ async def handle(request: web.Request) -> web.StreamResponse:
     guarded = connection_guard(request)
     if guarded is not None:
         guarded.head_received()  # the head deadline stops; the next starts with the next head's first byte
+    budget = request.app[CONTEXT].budget
+    held = 0 if budget is None else budget.size(request)  # the body's share of --max-inflight-body-bytes
     try:
+        if budget is not None and held and not budget.take_now(held) and not await budget.take(held):
+            held = 0
+            return refused()
         return await _handle(request)
     finally:
+        if budget is not None and held:
+            budget.release(held)
         if guarded is not None:
             guarded.request_done()
 

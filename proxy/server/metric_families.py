@@ -46,6 +46,10 @@ UPSTREAM_ERROR_KINDS = ("connect", "timeout", "reset", "head_too_large", "status
 INJECTION_RESULTS = ("stripped", "not_found", "compressed", "skipped_encoding", "skipped_options")
 # Client connections the proxy closed (proxy/server/guard.py).
 CUT_REASONS = ("header_timeout", "body_timeout", "evicted", "connection_cap")
+# Requests past --max-inflight-body-bytes (budget.py): each waited; refused after the wait (503).
+BODY_BUDGET_EVENTS = ("waited", "refused")
+# Admin requests refused (exposition.AdminGate): too many in flight (503), no valid bearer token (401).
+ADMIN_REFUSALS = ("busy", "unauthorized")
 # Requests whose client went away (handler.py): while its body was read, before the upstream's answer
 # began, or while the answer was relayed.
 DISCONNECT_STAGES = ("request", "upstream", "response")
@@ -93,6 +97,23 @@ def _traffic(r: CollectorRegistry) -> dict[str, Any]:
         connections_cut=Counter(
             "islwatch_client_connections_cut",
             "Client connections the proxy closed: a head or body too slow, or over max_connections",
+            ["reason"],
+            registry=r,
+        ),
+        body_budget_bytes=Gauge(
+            "islwatch_inflight_body_bytes",
+            "Request body bytes held at once (declared lengths), against max_inflight_body_bytes",
+            registry=r,
+        ),
+        body_budget_events=Counter(
+            "islwatch_body_budget",
+            "Requests past max_inflight_body_bytes: waited for room, or refused with a 503 after the wait",
+            ["event"],
+            registry=r,
+        ),
+        admin_refusals=Counter(
+            "islwatch_admin_requests_refused",
+            "Admin port requests refused: busy (admin_max_requests in flight, 503) or unauthorized (401)",
             ["reason"],
             registry=r,
         ),
@@ -247,6 +268,13 @@ def _identity(r: CollectorRegistry) -> dict[str, Any]:
             registry=r,
         ),
         build_info=Gauge("islwatch_build_info", "islwatch version (value 1)", ["version"], registry=r),
+        dependency_info=Gauge(
+            "islwatch_dependency_info",
+            "aiohttp and transformers releases (value 1); tested=false: not the release islwatch is tested on "
+            "or a private internal it uses moved (proxy/runtime/compat.py, logged at start-up)",
+            ["library", "version", "tested"],
+            registry=r,
+        ),
     )
 
 

@@ -18,8 +18,10 @@ from prometheus_client.process_collector import ProcessCollector
 from proxy.core.causes import with_server_parity
 from proxy.core.usage import Usage
 from proxy.server.metric_families import (
+    ADMIN_REFUSALS,
     ANALYSIS_STAGES,
     BAD_REQUEST_REASONS,
+    BODY_BUDGET_EVENTS,
     CUT_REASONS,
     DISCONNECT_STAGES,
     ENGINE_SCRAPE_RESULTS,
@@ -66,11 +68,15 @@ class Metrics:
     client_connections: Gauge
     connections_cut: Counter
     client_disconnects: Counter
+    admin_refusals: Counter
+    body_budget_bytes: Gauge
+    body_budget_events: Counter
     tokenizer_info: Gauge
     tokenizer_changes: Counter
     parity_ok: Gauge
     server_parity_ok: Gauge
     build_info: Gauge
+    dependency_info: Gauge
     output_tokens: Histogram
     cached_prompt_tokens: Histogram
     reasoning_tokens: Histogram
@@ -118,6 +124,12 @@ class Metrics:
 
     def connection_cut(self, reason: str) -> None:
         self.child(self.connections_cut, reason).inc()
+
+    def body_budget(self, event: str) -> None:
+        self.child(self.body_budget_events, event).inc()
+
+    def admin_refused(self, reason: str) -> None:
+        self.child(self.admin_refusals, reason).inc()
 
     def client_disconnected(self, stage: str) -> None:
         self.child(self.client_disconnects, stage).inc()
@@ -296,6 +308,10 @@ def build_metrics(registry: CollectorRegistry, process_metrics: bool = True) -> 
         metrics.connections_cut.labels(reason=reason)
     for stage in DISCONNECT_STAGES:
         metrics.client_disconnects.labels(stage=stage)
+    for reason in ADMIN_REFUSALS:
+        metrics.admin_refusals.labels(reason=reason)
+    for event in BODY_BUDGET_EVENTS:
+        metrics.body_budget_events.labels(event=event)
     for result in INJECTION_RESULTS:
         metrics.stream_usage_injections.labels(result=result)
     for stage in ANALYSIS_STAGES:

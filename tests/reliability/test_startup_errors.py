@@ -52,6 +52,8 @@ def taken_port() -> Iterator[int]:
     [
         (["--max-connections", "0", *FREE], "max_connections"),
         (["--upstream-max-field-bytes", "10", *FREE], "upstream_max_field_bytes"),
+        (["--max-inflight-body-bytes", "0", *FREE], "max_inflight_body_bytes"),
+        (["--admin-max-requests", "0", *FREE], "admin_max_requests"),
         (["--listen", "127.0.0.1:99999", "--admin", "127.0.0.1:0"], "listen"),
         (["--config", "/nonexistent/islwatch.yaml", *FREE], "config file"),
         (["--analysis-sample-rate", "2", *FREE], "analysis_sample_rate"),
