@@ -8,13 +8,14 @@ releasing each event no later than the blank line that ends it (a client dispatc
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
 
 import orjson
 import pytest
 
 from proxy.core.sse import LineReader
-from proxy.core.usage import SSEUsageParser, SSEUsageStripper, Usage
+from proxy.core.usage import SSEUsageParser, SSEUsageStripper, Usage, is_usage_only_chunk
 from tests.server.helpers import load_recorded, recorded_fixtures
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14}
@@ -205,3 +206,70 @@ def test_recorded_llama_server_streams_in_every_framing(path: object, nl: bytes)
         assert _parsed(chunks) == expected
         stripper = SSEUsageStripper()
         assert b"".join(stripper.feed(c) for c in chunks) + stripper.flush() == expected_out
+
+
+def _reference_strip(stream: bytes) -> bytes:
+    """A whole-stream reading of WHATWG 9.2.6, for comparison: lines, events at blank lines, the usage-only
+    event dropped with its lines (a comment before an event's first field is not part of it)."""
+    out: list[bytes] = []
+    block: list[bytes] = []
+    data: list[bytes] = []
+
+    def end() -> None:
+        try:
+            obj = orjson.loads(b"\n".join(data)) if data else None
+        except orjson.JSONDecodeError:
+            obj = None
+        if not is_usage_only_chunk(obj):
+            out.extend(block)
+        block.clear()
+        data.clear()
+
+    for raw in re.findall(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$", stream):
+        line = raw.rstrip(b"\r\n")
+        if not line:
+            block.append(raw)
+            end()
+        elif line.startswith(b":") and not block:
+            out.append(raw)
+        else:
+            block.append(raw)
+            name, _, value = line.partition(b":")
+            if name == b"data":
+                data.append(value[1:] if value.startswith(b" ") else value)
+    if block:
+        end()
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_streams_agree_with_a_whole_stream_reading(seed: int) -> None:
+    """Line ends mixed within one stream, fields and comments anywhere, data split over lines, the usage
+    event anywhere (or twice, or with null usage), a last line without its end: in every chunking the
+    stripper gives what a whole-stream reading gives, and the parser reads the same usage."""
+    rng = random.Random(seed)
+    ends = [b"\n", b"\r\n", b"\r"]
+    parts: list[bytes] = []
+    for i in range(rng.randrange(3, 12)):
+        data = rng.choice([_chunk(f"t{i}"), FINAL, _chunk("x", null_usage=True), b"[DONE]", b"not json"])
+        lines = [
+            rng.choice([b": c", b"event: e", b"id: %d" % i, b"retry: 9", b"foo"])
+            for _ in range(rng.randrange(3))
+        ]
+        if len(data) > 20 and rng.random() < 0.3:
+            cut = rng.randrange(1, len(data) - 1)
+            if b"\r" not in data[:cut] and b"\n" not in data[cut:]:
+                lines += [b"data: " + data[:cut], b"data:" + data[cut:]]
+        else:
+            lines.append(b"data: " + data)
+        rng.shuffle(lines)
+        parts.append(b"".join(line + rng.choice(ends) for line in lines) + rng.choice(ends))
+    stream = b"".join(parts)
+    if rng.random() < 0.3:
+        stream = stream.rstrip(b"\r\n")  # the last line without its end
+    expected = _reference_strip(stream)
+    whole = _parsed([stream])
+    for chunks in _chunkings(stream):
+        stripper = SSEUsageStripper()
+        assert b"".join(stripper.feed(c) for c in chunks) + stripper.flush() == expected
+        assert _parsed(chunks) == whole
