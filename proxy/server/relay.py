@@ -28,7 +28,8 @@ _DECODE_STEP = 1 << 20  # decompressed bytes produced per step: memory stays bou
 
 
 class Decoder:
-    """A decompressing copy of a gzip or deflate body, for the tap only; None after bytes it cannot read."""
+    """A decompressing copy of a gzip or deflate body, for the tap only (at most `_DECODE_STEP` bytes made
+    at a time); `failed` once it meets bytes it cannot read, and the answer's usage is then not read."""
 
     def __init__(self) -> None:
         self._z = zlib.decompressobj(32 + zlib.MAX_WBITS)

@@ -224,11 +224,11 @@ def test_a_client_that_accepts_gzip_is_not_rewritten(servers: Servers) -> None:
     head, body = _exchange(servers, _request(BODY, b"X-Answer: gzip", b"Accept-Encoding: gzip, br"))
     assert servers.upstream.bodies[-1] == BODY
     assert body == ANSWERS["gzip"].body(False) and b"content-encoding: gzip" in head.lower()
-    after = servers.settled_after(before, "islwatch_stream_usage_injections_total", result="skipped_encoding")
-    no_count = "islwatch_isl_match_total"
+    after = servers.settled_after(before, "islwatch_isl_match_total", result="no_server_count")
+    skipped = "islwatch_stream_usage_injections_total"
     assert (
-        value(after, no_count, result="no_server_count")
-        == value(before, no_count, result="no_server_count") + 1
+        value(after, skipped, result="skipped_encoding")
+        == value(before, skipped, result="skipped_encoding") + 1
     )
 
 
@@ -246,6 +246,23 @@ def test_a_gzip_stream_that_asked_for_usage_is_read_through_a_decompressing_copy
     )
 
 
+def test_a_stream_compressed_unasked_is_relayed_as_sent(servers: Servers) -> None:
+    """A client that sends no Accept-Encoding is asked usage for; a server that compresses anyway gets its
+    bytes relayed as sent (a compressed stream cannot be edited), counted `compressed`, usage still read."""
+    before = servers.metrics()
+    head, body = _exchange(servers, _request(BODY, b"X-Answer: gzip"))
+    assert ASKED in servers.upstream.bodies[-1]
+    assert body == ANSWERS["gzip"].body(True) and b"content-encoding: gzip" in head.lower()
+    after = servers.settled_after(before, "islwatch_isl_tokens_count", kind="server")
+    assert (
+        value(after, "islwatch_isl_tokens_sum", kind="server")
+        - value(before, "islwatch_isl_tokens_sum", kind="server")
+        == 12
+    )
+    compressed = "islwatch_stream_usage_injections_total"
+    assert value(after, compressed, result="compressed") == value(before, compressed, result="compressed") + 1
+
+
 def test_the_request_body_keeps_every_byte_but_the_added_member(servers: Servers) -> None:
     """Integers beyond 64 bits, duplicate and escaped keys, odd whitespace: as the client sent them."""
     body = (
@@ -253,11 +270,14 @@ def test_the_request_body_keeps_every_byte_but_the_added_member(servers: Servers
         b' "max_tokens": 4, "max_tokens": 5, "temperature": 1E-7, "messages": [{"role": "user", '
         b'"content": "caf\\u00e9 \\ud83d\\ude00"}], "stream" : true }\r\n  '
     )
+    before = servers.metrics()
     _exchange(servers, _request(body, b"X-Answer: lf"))
     closing = body.rindex(b"}")
     assert servers.upstream.bodies[-1] == (
         body[:closing] + b',"stream_options":{"include_usage":true}' + body[closing:]
     )
+    # Analysed before the next test's snapshot.
+    servers.settled_after(before, "islwatch_isl_tokens_count", kind="server")
 
 
 @pytest.mark.parametrize(
@@ -268,7 +288,12 @@ def test_a_body_with_stream_options_is_not_rewritten(servers: Servers, options: 
     before = servers.metrics()
     _, received = _exchange(servers, _request(body, b"X-Answer: lf"))
     assert servers.upstream.bodies[-1] == body and received == ANSWERS["lf"].body(False)
-    servers.settled_after(before, "islwatch_stream_usage_injections_total", result="skipped_options")
+    after = servers.settled_after(before, "islwatch_isl_match_total", result="no_server_count")
+    skipped = "islwatch_stream_usage_injections_total"
+    assert (
+        value(after, skipped, result="skipped_options")
+        == value(before, skipped, result="skipped_options") + 1
+    )
 
 
 def test_a_cr_only_event_is_not_held_for_a_newline(servers: Servers) -> None:
@@ -281,6 +306,7 @@ def test_a_cr_only_event_is_not_held_for_a_newline(servers: Servers) -> None:
         servers.upstream.waiting, servers.upstream.release = asyncio.Event(), asyncio.Event()
 
     servers.bg.call(arm)
+    before = servers.metrics()
     try:
         with socket.create_connection(("127.0.0.1", servers.port), timeout=READ_DEADLINE_SECONDS) as s:
             s.sendall(_request(BODY, b"X-Answer: cr-fields"))
@@ -298,6 +324,7 @@ def test_a_cr_only_event_is_not_held_for_a_newline(servers: Servers) -> None:
                 data += chunk
         _, _, body = data.partition(b"\r\n\r\n")
         assert _dechunk(body) == ANSWERS["cr-fields"].body(False)
+        servers.settled_after(before, "islwatch_isl_tokens_count", kind="server")
     finally:
         servers.bg.loop.call_soon_threadsafe(servers.upstream.release.set)
         servers.bg.call(lambda: setattr(servers.upstream, "hold", False))
