@@ -120,9 +120,9 @@ def rate_row(rows: list[dict[str, Any]], rate: float) -> dict[str, Any]:
 def stack_for(stack: ExitStack, tok: str) -> tuple[str, str]:
     """An emulator and a proxy in front of it, both on `tok`: (proxy URL, proxy /metrics URL)."""
     emu, prx, adm = (f"127.0.0.1:{free_port()}" for _ in range(3))
-    py = [sys.executable, "-m", "proxy.cli", "--log-level", "WARNING"]
-    start(stack, [*py, "emulate", "--tokenizer", tok, "--listen", emu], f"http://{emu}/health")
-    start(stack, [*py, "proxy", "--upstream", f"http://{emu}", "--listen", prx, "--admin", adm, "--tokenizer", tok],
+    py = ["--log-level", "WARNING"]
+    start(stack, "proxy.cli", [*py, "emulate", "--tokenizer", tok, "--listen", emu], f"http://{emu}/health")
+    start(stack, "proxy.cli", [*py, "proxy", "--upstream", f"http://{emu}", "--listen", prx, "--admin", adm, "--tokenizer", tok],
           f"http://{adm}/readyz")  # fmt: skip
     return f"http://{prx}", f"http://{adm}/metrics"
 

@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,46 +46,21 @@ from bench._common import (
 from proxy.core.count import count
 from proxy.core.fast import FastEncoder
 from proxy.core.tokenizer import load_tokenizer
+from proxy.runtime import children
+from proxy.runtime.children import free_port
 
 TARGETS = ("direct", "floor", "islwatch", "variant")
 WARMUP = 40  # requests per target before the phases (bench/_client.py)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} not ready after {seconds}s")
-
-
 def start(
-    stack: ExitStack, argv: list[str], ready: str, env: dict[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-
-    def stop() -> None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-    stack.callback(stop)
-    wait_ready(ready, proc)
-    return proc
+    stack: ExitStack, module: str, args: list[str], ready: str, env: dict[str, str] | None = None
+) -> children.Child:
+    """`python -m MODULE ARGS...`, stopped when `stack` closes; returns once `ready` answers 200."""
+    child = children.spawn(args, None, module=module, env=env)
+    stack.callback(children.stop, child.proc, timeout=10)
+    children.wait_ready(ready, [child], timeout=60)
+    return child
 
 
 def phases(quick: bool) -> list[dict[str, Any]]:
@@ -318,26 +292,30 @@ def main(argv: list[str] | None = None) -> int:
         body_file.write_text("\n".join(json.dumps(b) for b in bodies))
         ports = {name: free_port() for name in ("up", "replay", "floor", "isl", "admin")}
         up = f"http://127.0.0.1:{ports['up']}"
-        cli = [sys.executable, "-m", "proxy.cli", "--log-level", "WARNING"]
+        cli = ["--log-level", "WARNING"]
         emu = start(
-            stack, [*cli, "emulate", "--tokenizer", args.tokenizer, "--listen", up[7:]], up + "/health", env
+            stack,
+            "proxy.cli",
+            [*cli, "emulate", "--tokenizer", args.tokenizer, "--listen", up[7:]],
+            up + "/health",
+            env,
         )
         if args.upstream == "replay":
             rec_file = Path(tmp) / "recording.json"
             rec_file.write_text(json.dumps(record(up, tok, bodies)))
             print(f"prepared {len(bodies)} prompts in {time.perf_counter() - t_prep:.0f}s", file=sys.stderr)
             up = f"http://127.0.0.1:{ports['replay']}"
-            emu = start(stack, [sys.executable, "-m", "bench.replay_upstream", "--recording", str(rec_file),
+            emu = start(stack, "bench.replay_upstream", ["--recording", str(rec_file),
                                 "--listen", up[7:]], up + "/health", env)  # fmt: skip
         floor_url = f"http://127.0.0.1:{ports['floor']}"
-        floor = start(stack, [sys.executable, "-m", "bench.floor_proxy", "--upstream", up, "--listen", floor_url[7:]],
+        floor = start(stack, "bench.floor_proxy", ["--upstream", up, "--listen", floor_url[7:]],
                       floor_url + "/health", env)  # fmt: skip
         targets = {"direct": up, "floor": floor_url}
         pids: dict[str, list[int]] = {"floor": [floor.pid]}
         metrics: dict[str, str] = {}
         if islwatch:
             isl_url, admin = f"http://127.0.0.1:{ports['isl']}", f"http://127.0.0.1:{ports['admin']}"
-            isl = start(stack, [*cli, "proxy", "--upstream", up, "--listen", isl_url[7:], "--admin", admin[7:],
+            isl = start(stack, "proxy.cli", [*cli, "proxy", "--upstream", up, "--listen", isl_url[7:], "--admin", admin[7:],
                                 "--tokenizer", args.tokenizer, *args.islwatch_arg], admin + "/readyz", env)  # fmt: skip
             targets["islwatch"], pids["islwatch"], metrics["islwatch"] = (
                 isl_url,
@@ -348,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             # A second islwatch, changed only by environment or worker priority: a proposal, measured A/B.
             v_url, v_admin = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
             v_env = {**env, **dict(kv.split("=", 1) for kv in args.variant_env)}
-            v = start(stack, [*cli, "proxy", "--upstream", up, "--listen", v_url[7:], "--admin", v_admin[7:],
+            v = start(stack, "proxy.cli", [*cli, "proxy", "--upstream", up, "--listen", v_url[7:], "--admin", v_admin[7:],
                               "--tokenizer", args.tokenizer, *args.islwatch_arg, *args.variant_arg], v_admin + "/readyz", v_env)  # fmt: skip
             if args.variant_nice is not None:
                 print(

@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from loadgen.demo.scenes import Scene
+from proxy.core.parity_gate import ConversationParity, ParityReport, PathRow, RequestMode, check, first_diff
+from proxy.core.parity_paths import DIRECT, SPLIT
 from proxy.core.specs import DEFAULT_TOKENIZER
 from proxy.core.tokenizer import LoadedTokenizer, load_tokenizer
 from proxy.parity import baseline as bl
-from proxy.parity.gate import ConversationParity, ParityReport, PathRow, RequestMode, check, first_diff
-from proxy.parity.paths import DIRECT, SPLIT
 
 
 def _first_failure(report: ParityReport) -> tuple[ConversationParity, PathRow, PathRow] | None:

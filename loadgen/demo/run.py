@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import subprocess
 import tempfile
 import time
 from contextlib import ExitStack
@@ -21,9 +20,9 @@ from rich.console import Console
 
 from loadgen.config import LoadgenConfig
 from loadgen.demo import render
-from loadgen.demo.children import Addresses, Children, address, spawn_stack, wait_stack
 from loadgen.demo.parity import parity_lines
 from loadgen.demo.scenes import Scene, selected
+from loadgen.demo.stack import Addresses, spawn_stack, wait_stack
 from loadgen.demo.verdicts import GAUGES, SCENE_SAMPLES, SceneNumbers, surprise
 from loadgen.launch import run_loadgen
 from loadgen.report.model import LoadgenReport
@@ -32,6 +31,7 @@ from loadgen.send.proxy_metrics import Counts
 from loadgen.workload.markers import CacheBust
 from proxy.core.specs import DEFAULT_TOKENIZER
 from proxy.core.tokenizer import LoadedTokenizer, load_tokenizer
+from proxy.runtime.children import Child, address
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Booted:
     logs: Path
     flags: tuple[str, ...]  # the emulator's
     template: Path | None  # the template the server renders instead of islwatch's
-    children: Children
+    children: list[Child]
     stack: ExitStack
 
 
@@ -117,9 +117,9 @@ def demo_config(demo: Demo, b: Booted) -> LoadgenConfig:
     )
 
 
-def serve_until_ctrl_c(console: Console, procs: list[subprocess.Popen[bytes]]) -> int:
+def serve_until_ctrl_c(console: Console, children: list[Child]) -> int:
     console.print("Serving until Ctrl-C.")
-    while all(p.poll() is None for p in procs):
+    while all(c.proc.poll() is None for c in children):
         time.sleep(0.5)
     console.print("[red]a child process exited; stopping[/]")
     return 1
@@ -175,7 +175,7 @@ def _demo(demo: Demo) -> int:
                     render.where_to_look(
                         demo.console, b.at.proxy_url, b.at.metrics_url, b.at.admin, demo.logs
                     )
-                    return serve_until_ctrl_c(demo.console, [p for p, _ in b.children.values()])
+                    return serve_until_ctrl_c(demo.console, b.children)
             b.stack.close()
     demo.console.print("Stopped every scene's proxy and emulator (`--keep-running` keeps the last).")
     return max(codes)

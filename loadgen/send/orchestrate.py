@@ -20,7 +20,7 @@ from loadgen.send.runner import Engine, Record
 from loadgen.workload.conversations import Workload
 from loadgen.workload.sources import build_workload
 from proxy.core.tokenizer import LoadedTokenizer, load_tokenizer
-from proxy.server.loop import run as run_loop
+from proxy.runtime.loop import run as run_loop
 
 
 @dataclass(frozen=True)

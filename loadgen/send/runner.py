@@ -18,8 +18,8 @@ from loadgen.config import LoadgenConfig
 from loadgen.send.replies import Outcome, Record, StreamTimer, failed, json_outcome
 from loadgen.workload.arrivals import open_loop_offsets, user_starts
 from loadgen.workload.conversations import Conversation, Request, Workload
-from proxy.server.heap import few_collections
-from proxy.server.pooled import PoolMarkingConnector, forget_pooled, pooled, retryable
+from proxy.runtime.heap import few_collections
+from proxy.runtime.pooled import PoolMarkingConnector, forget_pooled, pooled, retryable
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 

@@ -87,7 +87,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
 def run(args: argparse.Namespace) -> int:
     from proxy.core.tokenizer import TokenizerLoadError
     from proxy.emulator.app import build_emulator_app, serve
-    from proxy.server.loop import run as run_loop
+    from proxy.runtime.loop import run as run_loop
 
     try:
         config = config_from_args(args)

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING
 import orjson
 
 from proxy.cli.args import add_tokenizer_arguments
+from proxy.core.parity_paths import GEN_OFF, SERVING_PATHS, SPLIT, WRONG_ROLE
 from proxy.core.tokens import Messages
-from proxy.parity.paths import GEN_OFF, SERVING_PATHS, SPLIT, WRONG_ROLE
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from proxy.core.parity_gate import RequestMode
     from proxy.parity.baseline import Baseline
-    from proxy.parity.gate import RequestMode
 
 PROG = "islwatch parity"
 
@@ -79,7 +79,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _mode(args: argparse.Namespace) -> RequestMode:
-    from proxy.parity.gate import RequestMode
+    from proxy.core.parity_gate import RequestMode
 
     if args.continue_final_message and args.generation_prompt:
         raise UsageError(
@@ -185,10 +185,10 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         return _run_server(args, console)
     if args.model is not None:
         raise UsageError("--model is only used with --server")
+    from proxy.core.parity_gate import check
     from proxy.core.tokenizer import TokenizerLoadError, load_tokenizer
     from proxy.core.tokens import template_of
     from proxy.parity import baseline as bl
-    from proxy.parity.gate import check
     from proxy.parity.render import print_text
     from proxy.parity.report import dumps, report_json
 

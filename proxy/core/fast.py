@@ -23,7 +23,7 @@ proven falls back to the reference encoder's, so `count(FastEncoder(tok), ...)` 
    skipping `apply_chat_template`'s per-call conversions (copies of every message, None-key removal,
    reasoning-field aliases), which are identities for them. Used only if it renders every sample
    conversation exactly as `apply_chat_template` does; `_compile_jinja_template` is transformers' private
-   helper, so a release that moves it only turns the shortcut off.
+   helper (reached through proxy/runtime/compat.py), so a release that moves it only turns the shortcut off.
 
 Privacy: the caches hold 16-byte BLAKE2b digests of text and integer counts, never the text itself, and are
 bounded LRUs (`cache_entries` per cache). Thread-safe (one lock per cache).
@@ -36,6 +36,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from tokenizers import Tokenizer
+
+from proxy.runtime import compat
 
 from .count import Encoder
 from .encoders import ReferenceEncoder
@@ -252,9 +254,8 @@ def _compiled_template(tok: Any, template: str | None) -> tuple[Any, dict[str, A
     if template is None or not isinstance(getattr(tok, "chat_template", None), str):
         return None, {}
     try:
-        from transformers.utils.chat_template_utils import _compile_jinja_template
-
-        return _compile_jinja_template(template), dict(tok.special_tokens_map)
+        compiled = compat.compile_jinja_template(template)
+        return (compiled, dict(tok.special_tokens_map)) if compiled is not None else (None, {})
     except Exception:  # a private helper: if it moves, every request takes apply_chat_template
         return None, {}
 

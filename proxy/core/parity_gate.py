@@ -1,6 +1,6 @@
 """Serialization parity: does every way of turning a conversation into ids give the ids the model expects?
 
-paths.py computes each serialization path's ids; this module compares every row with its reference,
+parity_paths.py computes each serialization path's ids; this module compares every row with its reference,
 decides which rows gate the result, and reports where they differ. It never "repairs" ids: a difference is
 the finding.
 
@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy.core.diagnose import build_profile
-from proxy.core.probe import first_diff
-from proxy.core.tokens import Messages, template_of
-from proxy.parity.paths import (
+from proxy.core.parity_paths import (
     BUILTIN_CONVERSATIONS,
     DIRECT,
     EXTRA_SPECIAL,
@@ -30,6 +28,8 @@ from proxy.parity.paths import (
     path_ids,
     with_prefill,
 )
+from proxy.core.probe import first_diff
+from proxy.core.tokens import Messages, template_of
 
 # What a row is for: `gate` rows decide pass/fail, `control` rows are negative controls, `info` rows are shown.
 RowRole = Literal["gate", "control", "info"]

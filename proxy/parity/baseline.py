@@ -17,10 +17,10 @@ import orjson
 from pydantic import BaseModel, ConfigDict
 from pydantic.dataclasses import dataclass
 
+from proxy.core.parity_gate import ParityReport
 from proxy.core.probe import first_diff
 from proxy.core.tokenizer import LoadedTokenizer, TokenizerIdentity
 from proxy.core.tokens import template_of
-from proxy.parity.gate import ParityReport
 
 ChangeKind = Literal["template", "file", "version", "revision", "mode", "conversations", "ids"]
 

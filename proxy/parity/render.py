@@ -9,10 +9,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from proxy.core.parity_gate import ConversationParity, ParityReport
+from proxy.core.parity_paths import DIRECT
 from proxy.core.tokenizer import LoadedTokenizer
 from proxy.parity.baseline import Change
-from proxy.parity.gate import ConversationParity, ParityReport
-from proxy.parity.paths import DIRECT
 from proxy.parity.server import FAIL, PASS, ServerParity
 
 COLUMNS = ("path", "vs", "tokens", "equal", "first diff", "special positions", "dup BOS", "role", "note")

@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
+from proxy.core.parity_gate import ConversationParity, ParityReport, PathRow
 from proxy.parity.baseline import Change
-from proxy.parity.gate import ConversationParity, ParityReport, PathRow
 from proxy.parity.server import ProbeRow, ServerParity
 
 

@@ -1,7 +1,8 @@
-"""The demo's child processes: free ports, spawning `islwatch <command>` (one scene's emulator and proxy),
-waiting for ready, stopping.
+"""`islwatch` child processes, for the demo, the tests and the benches: free ports, spawning
+`islwatch <command>` (or another `python -m` module), waiting until a URL answers, stopping.
 
-Standard library only. The children die with the demo if it is killed outright (PR_SET_PDEATHSIG, Linux).
+Standard library only. A child dies with its parent if the parent is killed outright (PR_SET_PDEATHSIG,
+Linux), so an interrupted demo or test run leaves no server behind.
 """
 
 from __future__ import annotations
@@ -12,17 +13,22 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
-from contextlib import ExitStack, suppress
+from collections.abc import Iterable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-READY_TIMEOUT_S = 180.0  # a first run converts the built-in vocabulary once
+READY_TIMEOUT_S = 180.0  # a first run converts the built-in vocabulary once; a guard, not a timing
+STOP_TIMEOUT_S = 15.0
 
-Children = dict[str, tuple[subprocess.Popen[bytes], Path]]  # name -> (process, its log)
+
+class ChildFailed(RuntimeError):
+    """A child exited before it was ready, or was not ready in time (the message holds its log's tail)."""
 
 
-def free_port(host: str, wanted: int) -> int:
+def free_port(host: str = "127.0.0.1", wanted: int = 0) -> int:
     """`wanted` if it can be bound, else any free port (the demo must not fail on a busy 9000)."""
     for port in (wanted, 0):
         with socket.socket() as s:
@@ -40,111 +46,99 @@ def address(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+@dataclass(frozen=True)
+class Child:
+    """One child process and the file its stdout and stderr go to (None: discarded)."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path | None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log_tail(self, chars: int = 3000) -> str:
+        if self.log is None:
+            return "(no log kept)"
+        return self.log.read_text(errors="replace")[-chars:]
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec (Linux only)
     with suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    """`islwatch ARGS...` in a child process, its stdout and stderr to `log`."""
-    out = log.open("wb")
-    return subprocess.Popen(
-        [sys.executable, "-m", "proxy.cli", *args],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-    )
+def spawn(
+    args: list[str],
+    log: Path | None,
+    *,
+    module: str = "proxy.cli",
+    name: str | None = None,
+    env: Mapping[str, str] | None = None,
+    append: bool = False,
+    die_with_parent: bool = True,
+) -> Child:
+    """`python -m MODULE ARGS...` (by default `islwatch ARGS...`) in a child process, its stdout and stderr
+    to `log` (appended with `append`: a restarted child keeps one log). `die_with_parent` only from a
+    thread that outlives the child: PR_SET_PDEATHSIG fires when the thread that spawned it exits
+    (prctl(2)), not the process."""
+    out = log.open("ab" if append else "wb") if log is not None else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=None if env is None else dict(env),
+            preexec_fn=_die_with_parent if die_with_parent and sys.platform.startswith("linux") else None,
+        )
+    finally:
+        if not isinstance(out, int):
+            out.close()  # the child holds its own copy
+    return Child(name or (args[0] if args else module), proc, log)
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
+def status(url: str, timeout: float = 5.0) -> int:
+    """The HTTP status `url` answers with, 0 if nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return 0
+
+
+def check_alive(children: Iterable[Child]) -> None:
+    for child in children:
+        if child.proc.poll() is not None:
+            raise ChildFailed(
+                f"{child.name} exited with {child.proc.returncode}; its log ({child.log}):\n{child.log_tail()}"
+            )
+
+
+def wait_ready(
+    url: str, children: Iterable[Child], timeout: float = READY_TIMEOUT_S, interval: float = 0.05
+) -> None:
+    """Until `url` answers 200. ChildFailed (with the log's tail) if a child exits first or time runs out."""
+    watched = list(children)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        check_alive(watched)
+        if status(url, timeout=2) == 200:
+            return
+        time.sleep(interval)
+    tails = "\n".join(f"{c.name}:\n{c.log_tail()}" for c in watched)
+    raise ChildFailed(f"not ready after {timeout:.0f} s: {url}\n{tails}")
+
+
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> None:
+    """`sig` (islwatch's servers shut down gracefully on SIGTERM), then SIGKILL after `timeout`."""
     if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)  # both servers shut down gracefully on SIGTERM
+        proc.send_signal(sig)
         try:
-            proc.wait(timeout=15)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def _check_alive(procs: Children) -> None:
-    for name, (proc, log) in procs.items():
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"{name} exited with {proc.returncode}; its log ({log}):\n{tail}")
-
-
-def wait_ready(url: str, procs: Children) -> None:
-    """Until `url` answers 200. RuntimeError (with the log's tail) if a child exits or time runs out."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        _check_alive(procs)
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"not ready after {READY_TIMEOUT_S:.0f} s: {url}")
-
-
-@dataclass(frozen=True)
-class Addresses:
-    """Where one emulator and the proxy in front of it listen."""
-
-    host: str
-    port: int
-    admin_host: str
-    admin_port: int
-    emu_port: int
-
-    @classmethod
-    def choose(cls, listen: str, admin: str) -> Addresses:
-        """The wanted addresses, or free ports on the same hosts where the wanted ones are taken."""
-        host, want = address(listen)
-        admin_host, admin_want = address(admin)
-        port = free_port(host, want)
-        admin_port = free_port(admin_host, admin_want)
-        return cls(host, port, admin_host, admin_port, free_port("127.0.0.1", 0))
-
-    @property
-    def emu_url(self) -> str:
-        return f"http://127.0.0.1:{self.emu_port}"
-
-    @property
-    def proxy_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def admin(self) -> str:
-        return f"{self.admin_host}:{self.admin_port}"
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://{self.admin}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"{self.admin_url}/metrics"
-
-
-def spawn_stack(stack: ExitStack, at: Addresses, logs: Path, emulator: tuple[str, ...] = ()) -> Children:
-    """The emulator (with `emulator` flags) and the proxy in front of it, started, not waited for;
-    `stack` stops the proxy first, then its upstream."""
-    emu = spawn(
-        ["emulate", "--listen", f"127.0.0.1:{at.emu_port}", "--wall-clock", *emulator], logs / "emulate.log"
-    )
-    stack.callback(stop, emu)
-    proxy = spawn(
-        ["proxy", "--upstream", at.emu_url, "--listen", f"{at.host}:{at.port}", "--admin", at.admin],
-        logs / "proxy.log",
-    )
-    stack.callback(stop, proxy)
-    return {"emulator": (emu, logs / "emulate.log"), "proxy": (proxy, logs / "proxy.log")}
-
-
-def wait_stack(at: Addresses, children: Children) -> None:
-    """Until the emulator answers /health and the proxy /readyz (its tokenizer loaded)."""
-    wait_ready(f"{at.emu_url}/health", children)
-    wait_ready(f"{at.admin_url}/readyz", children)

@@ -1,8 +1,7 @@
 """Whether an HTTP request was lost on a kept-alive connection, so that it may be sent once more.
 
-Shared by the proxy's upstream call (upstream.py) and the load generator (loadgen/send/runner.py). Kept apart
-from upstream.py, which makes every head its process writes keep the received bytes (headers.py): the
-load generator writes only its own heads and keeps aiohttp's C serializer.
+Shared by the proxy's upstream call (proxy/server/upstream.py) and the load generator (loadgen/send/runner.py).
+`PoolMarkingConnector` overrides aiohttp's `TCPConnector.connect` (checked by proxy/runtime/compat.py).
 """
 
 from __future__ import annotations

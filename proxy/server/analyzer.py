@@ -20,11 +20,11 @@ from proxy.core.count import INVALID_BODY, NO_TEMPLATE, SERVER_REFUSES, CountRes
 from proxy.core.diagnose import DriftProfile, classify
 from proxy.core.images import COUNTED, UNMODELED, ImageModel
 from proxy.core.model import ServedModel, load_served_model, profile_of
+from proxy.core.parity_gate import startup_self_check
 from proxy.core.probe_set import our_ids, probes
 from proxy.core.renderers.mistral import MistralLoadError
 from proxy.core.tokenizer import TokenizerLoadError
 from proxy.core.vision import image_model_for
-from proxy.parity.gate import startup_self_check
 from proxy.server.dump import MismatchDumper
 from proxy.server.problems import traceback_line
 

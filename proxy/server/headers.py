@@ -8,7 +8,7 @@ raises `UnicodeEncodeError` (`http_writer.py` `_py_serialize_headers`). No str r
 either: every code point is written as UTF-8, so `caf\\xe9` decoded as latin-1 would go out as `caf\\xc3\\xa9`.
 Both the request (client side) and the response (server side) are written by `StreamWriter.write_headers`,
 which looks up the module global `http_writer._serialize_headers` on each call, so `keep_received_bytes()`
-puts there the exact inverse of the parser's decoding. Its output equals aiohttp's for every head without
+puts there (through proxy/runtime/compat.py, at the proxy's start-up) the exact inverse of the parser's decoding. Its output equals aiohttp's for every head without
 a surrogate (tests/reliability/test_header_fidelity.py holds that). A StreamResponse subclass could write
 the response head alone, but the request head is built and written inside `ClientRequest.send`, with no
 hook after serialization: without this, such a request could only be refused (400). Read in aiohttp 3.14.
@@ -23,10 +23,11 @@ import re
 from collections.abc import Iterable
 from itertools import chain
 
-from aiohttp import http_writer
 from multidict import CIMultiDict, MultiDict
 
-_AIOHTTP_SERIALIZE = http_writer._serialize_headers  # before keep_received_bytes() replaces it
+from proxy.runtime import compat
+
+_AIOHTTP_SERIALIZE = compat.aiohttp_serialize_headers()  # aiohttp's own, also after keep_received_bytes()
 # The control characters aiohttp's writers refuse (RFC 9110 5.5, RFC 9112 4: header injection), unchanged.
 _FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
@@ -57,8 +58,9 @@ def _serialize_with_bytes(status_line: str, headers: CIMultiDict[str]) -> bytes:
 
 
 def keep_received_bytes() -> None:
-    """Make every head this process writes keep the bytes its parser read (idempotent)."""
-    http_writer._serialize_headers = serialize_head  # type: ignore[assignment]
+    """Make every head this process writes keep the bytes its parser read (idempotent). Called by the
+    proxy's start-up (app.start_servers), never on import: importing islwatch changes no library."""
+    compat.replace_serialize_headers(serialize_head)
 
 
 def decoded(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:

@@ -17,10 +17,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from yarl import URL
 
-from proxy.server.headers import decoded, for_client, keep_received_bytes
-from proxy.server.pooled import forget_pooled, pooled, retryable
-
-keep_received_bytes()  # every head this process writes (requests and responses) keeps the bytes it read
+from proxy.runtime.pooled import forget_pooled, pooled, retryable
+from proxy.server.headers import decoded, for_client
 
 # RFC 9110 section 7.6.1: connection-specific fields are not forwarded by a proxy. Host is the upstream's.
 # Lower-case bytes: names are case-insensitive (RFC 9110 5.1) and compared as received (`raw_headers`).

@@ -17,9 +17,9 @@ from typing import BinaryIO
 
 import orjson
 
+from proxy.runtime.heap import freeze_startup_heap
 from proxy.server.analyzer import AnalysisSpec, Analyzer
 from proxy.server.frames import FRAME_HEAD, READY, decode_job, encode_outcome
-from proxy.server.heap import freeze_startup_heap
 from proxy.server.problems import traceback_line
 from proxy.server.records import NONE_LABEL, OTHER_ENDPOINT, AnalysisOutcome
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from proxy.runtime.children import free_port  # noqa: F401 - re-exported to the interop tests
 from tests.eventually import eventually
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,12 +90,6 @@ def binary_version(binary: str) -> str:
         if line.startswith("version:"):
             return line.removeprefix("version:").strip()
     return "unknown"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def launch(binary: str, gguf: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:

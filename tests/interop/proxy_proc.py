@@ -1,4 +1,4 @@
-"""Running `islwatch proxy` as a subprocess in front of a llama-server, and reading its /metrics.
+"""Running `islwatch proxy` as a subprocess (proxy/runtime/children.py) in front of a llama-server, and reading its /metrics.
 
 The proxy is started through its public CLI (the way operators run it), so these tests exercise the same
 wiring as production: config parsing, the analysis workers, the admin listener.
@@ -7,7 +7,6 @@ wiring as production: config parsing, the analysis workers, the admin listener.
 from __future__ import annotations
 
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,8 +15,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.runtime import children
+from proxy.runtime.children import free_port
 from tests.eventually import eventually
-from tests.interop.llama_server_proc import ServerFailed, free_port, log_tail, stop
+from tests.interop.llama_server_proc import ServerFailed, log_tail
 
 # A guard against a hung start, not a timing assertion.
 START_DEADLINE_SECONDS = 60.0
@@ -49,16 +50,14 @@ def running_proxy(
     extra_args: tuple[str, ...] = (),
 ) -> Iterator[Proxy]:
     proxy = Proxy(free_port(), free_port(), log_path)
-    cmd = [sys.executable, "-m", "proxy.cli", "proxy", "--upstream", upstream, "--tokenizer", tokenizer]
+    cmd = ["proxy", "--upstream", upstream, "--tokenizer", tokenizer]
     cmd += ["--listen", f"127.0.0.1:{proxy.port}", "--admin", f"127.0.0.1:{proxy.admin_port}", *extra_args]
-    log = open(log_path, "wb")  # noqa: SIM115 - the child owns the handle for its lifetime
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = children.spawn(cmd, log_path).proc
     try:
         wait_ready(proc, proxy)
         yield proxy
     finally:
-        stop(proc)
-        log.close()
+        children.stop(proc)
 
 
 def wait_ready(proc: subprocess.Popen[bytes], proxy: Proxy) -> None:

@@ -32,6 +32,26 @@ def loaded_after(code: str) -> set[str]:
     return set(json.loads(out.strip().splitlines()[-1]))
 
 
+def test_no_import_changes_another_librarys_behaviour() -> None:
+    """Importing every module of proxy and loadgen leaves aiohttp's head serializer as aiohttp set it: the
+    proxy installs its own at start-up (app.start_servers), so the loadgen keeps aiohttp's C serializer."""
+    modules = sorted(
+        ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        for root in ("proxy", "loadgen")
+        for p in (REPO / root).rglob("*.py")
+        if p.stem != "__main__"
+    )
+    probe = (
+        "import importlib, sys\nfrom aiohttp import http_writer\nbefore = http_writer._serialize_headers\n"
+        f"for m in {modules!r}:\n    importlib.import_module(m)\n"
+        "print(http_writer._serialize_headers is before, http_writer._serialize_headers.__module__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True, timeout=300
+    )
+    assert out.stdout.split() == ["True", "aiohttp._http_writer"], out.stdout
+
+
 def test_core_modules_are_listed() -> None:
     assert {"proxy.core.count", "proxy.core.extract", "proxy.core.usage"} <= set(CORE_MODULES)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from loadgen.demo.children import free_port
+from proxy.runtime.children import free_port
 from tests.conftest import REPO
 
 CLI = [sys.executable, "-m", "proxy.cli"]

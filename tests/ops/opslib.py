@@ -64,6 +64,7 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     # The server parity probe (proxy/core/probe.py): 1 every probe equal, 0 some differ, absent while unknown.
     "islwatch_server_parity_ok": frozenset({"model"}),
     "islwatch_build_info": frozenset({"version"}),
+    "islwatch_dependency_info": frozenset({"library", "version", "tested"}),
     # Client connections (proxy/server/guard.py) and islwatch's own bugs (issue 13).
     "islwatch_client_connections": frozenset(),
     "islwatch_client_connections_cut_total": frozenset({"reason"}),

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from proxy.cli import main
-from proxy.parity.gate import ParityReport, PathRow, RequestMode, check
-from proxy.parity.paths import SPLIT
+from proxy.core.parity_gate import ParityReport, PathRow, RequestMode, check
+from proxy.core.parity_paths import SPLIT
 from tests.builders import build_tokenizer, save_tokenizer
 from tests.conftest import FAMILIES, load_builtin, load_shared
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pydantic
 import pytest
 
+from proxy.core.parity_gate import check
 from proxy.core.tokenizer import load_tokenizer
 from proxy.parity import baseline as bl
-from proxy.parity.gate import check
 from tests.builders import build_tokenizer
 from tests.parity.parity_helpers import llama3_folder, run_cli
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.parity.paths import ROWS
+from proxy.core.parity_paths import ROWS
 from tests.builders import save_tokenizer
 from tests.conftest import shared_dir
 from tests.parity.parity_helpers import llama3_folder, run_cli

@@ -7,9 +7,8 @@ from typing import Any
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from proxy.core.probe import first_diff
-from proxy.parity.gate import RequestMode, check, startup_self_check
-from proxy.parity.paths import (
+from proxy.core.parity_gate import RequestMode, check, startup_self_check
+from proxy.core.parity_paths import (
     BUILTIN_CONVERSATIONS,
     EXTRA_SPECIAL,
     MULTI_TURN_SERVING,
@@ -18,6 +17,7 @@ from proxy.parity.paths import (
     SPLIT,
     WRONG_ROLE,
 )
+from proxy.core.probe import first_diff
 from tests.builders import build_tokenizer
 from tests.parity.parity_helpers import NAMES, gated_failures, report, tokenizer
 

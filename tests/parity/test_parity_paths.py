@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+import proxy.core
 import proxy.parity
-from proxy.core.tokens import render_messages
-from proxy.parity.paths import (
+from proxy.core.parity_paths import (
     DIRECT,
     EXTRA_SPECIAL,
     GEN_OFF,
@@ -23,6 +23,7 @@ from proxy.parity.paths import (
     path_ids,
     wrong_role_text,
 )
+from proxy.core.tokens import render_messages
 from tests.builders import build_tokenizer
 from tests.parity.parity_helpers import ADDS_BOS, NAMES, TEMPLATE_BOS, report, tokenizer
 
@@ -152,6 +153,9 @@ def _direct_tokenizer_calls(source: Path) -> list[str]:
 
 
 def test_parity_code_renders_and_encodes_only_through_core_tokens() -> None:
-    sources = sorted(Path(proxy.parity.__file__).parent.glob("*.py"))
-    assert {s.name for s in sources} >= {"gate.py", "paths.py"}
+    core = Path(proxy.core.__file__).parent
+    sources = sorted(
+        [*Path(proxy.parity.__file__).parent.glob("*.py"), core / "parity_gate.py", core / "parity_paths.py"]
+    )
+    assert {s.name for s in sources} >= {"parity_gate.py", "parity_paths.py", "server.py"}
     assert [call for s in sources for call in _direct_tokenizer_calls(s)] == []

@@ -11,10 +11,7 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -22,6 +19,8 @@ from pathlib import Path
 
 import orjson
 
+from proxy.runtime import children
+from proxy.runtime.children import free_port
 from tests.eventually import eventually
 
 START_DEADLINE_SECONDS = 120.0  # a guard against a hung start, not a timing assertion
@@ -29,13 +28,7 @@ READ_DEADLINE_SECONDS = 30.0  # a guard against a hung raw read, not a timing as
 SENTINEL = b"GET /sentinel HTTP/1.1\r\nHost: sentinel\r\n\r\n"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-# ---- islwatch processes ------------------------------------------------------------------------------------
+# ---- islwatch processes (spawned by proxy/runtime/children.py) ------------------------------------------------
 
 
 @dataclass
@@ -57,31 +50,16 @@ class Child:
         return self.log.read_text(errors="replace")[-3000:]
 
 
-def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    out = log.open("ab")  # appended: a restarted emulator keeps one log
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", *args], stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    finally:
-        out.close()  # the child holds its own copy
-
-
-def _answers(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as err:
-        return err.code
-    except OSError:
-        return 0
+def spawn(args: list[str], log: Path, port: int, admin_port: int = 0) -> Child:
+    """`islwatch ARGS...`, its output appended to `log` (a restarted emulator keeps one log). Some tests
+    start children from a worker thread (asyncio.to_thread): they must not die with that thread."""
+    return Child(children.spawn(args, log, append=True, die_with_parent=False).proc, port, log, admin_port)
 
 
 def wait_answering(child: Child, url: str) -> None:
     """Until `url` answers 200; fails at once (with the log) if the child exits first."""
     seen = eventually(
-        lambda: (child.proc.poll(), _answers(url)),
+        lambda: (child.proc.poll(), children.status(url)),
         until=lambda s: s[0] is not None or s[1] == 200,
         timeout=START_DEADLINE_SECONDS,
         what=f"{url} answering 200",
@@ -92,7 +70,7 @@ def wait_answering(child: Child, url: str) -> None:
 
 def start_emulator(log: Path, port: int = 0, *args: str) -> Child:
     port = port or free_port()
-    child = Child(_spawn(["emulate", "--listen", f"127.0.0.1:{port}", *args], log), port, log)
+    child = spawn(["emulate", "--listen", f"127.0.0.1:{port}", *args], log, port)
     wait_answering(child, child.url + "/health")
     return child
 
@@ -100,19 +78,13 @@ def start_emulator(log: Path, port: int = 0, *args: str) -> Child:
 def start_proxy(upstream: str, log: Path, *args: str) -> Child:
     port, admin = free_port(), free_port()
     cmd = ["proxy", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}"]
-    child = Child(_spawn([*cmd, *args], log), port, log, admin)
+    child = spawn([*cmd, *args], log, port, admin)
     wait_answering(child, child.admin_url + "/readyz")
     return child
 
 
 def stop(child: Child, sig: int = signal.SIGTERM) -> None:
-    if child.proc.poll() is None:
-        child.proc.send_signal(sig)
-        try:
-            child.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            child.proc.kill()
-            child.proc.wait()
+    children.stop(child.proc, sig, timeout=30)
 
 
 @contextmanager

@@ -8,15 +8,13 @@ from __future__ import annotations
 import re
 import socket
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from proxy.server.config import load_config
-from tests.reliability.reliability_peers import Child, free_port, running, wait_answering
+from tests.reliability.reliability_peers import Child, free_port, running, spawn, wait_answering
 
 REPO = Path(__file__).resolve().parents[2]
 LISTEN = "0A"
@@ -46,11 +44,9 @@ def test_an_address_without_a_host_means_loopback(value: str, host: str) -> None
 def start(admin: str, log: Path) -> Child:
     """`islwatch proxy --admin ADMIN`, ready once /readyz answers on loopback (each address here has it)."""
     port, admin_port = free_port(), int(admin.rsplit(":", 1)[1])
-    cmd = [sys.executable, "-m", "proxy.cli", "proxy", "--upstream", "http://127.0.0.1:9", "--tokenizer",
-           "none", "--server-probe", "off", "--listen", f"127.0.0.1:{port}", "--admin", admin]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    child = Child(proc, port, log, admin_port)
+    cmd = ["proxy", "--upstream", "http://127.0.0.1:9", "--tokenizer", "none", "--server-probe", "off",
+           "--listen", f"127.0.0.1:{port}", "--admin", admin]  # fmt: skip
+    child = spawn(cmd, log, port, admin_port)
     wait_answering(child, child.admin_url + "/readyz")
     return child
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +17,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.emulator.app import EmulatorConfig, build_emulator_app
+from proxy.runtime import children
+from proxy.runtime.children import free_port
 from proxy.server.analyzer import AnalysisSpec
 from proxy.server.metrics import build_metrics
 from proxy.server.pool import AnalysisPool
@@ -29,12 +29,6 @@ from tests.eventually import eventually_async
 from tests.server.helpers import Background, fetch_metrics, serve_app, value, wait_metrics
 
 CHAT = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hello there"}]}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +45,7 @@ class CliProxy:
     url: str
     admin: str
     folder: Path  # the `built` model's tokenizer folder
-    log: Path  # the proxy's stderr
+    log: Path  # the proxy's stdout and stderr
 
     def stderr(self) -> str:
         return self.log.read_text(errors="replace")
@@ -74,38 +68,26 @@ async def _wait_ready(session: aiohttp.ClientSession, proxy: CliProxy) -> None:
 async def cli_proxy(emulator: str, tmp_path: Path) -> AsyncIterator[CliProxy]:
     """`islwatch proxy` in front of the emulator, with worker processes and a `built` model, ready."""
     folder = save_tokenizer("chatml", str(tmp_path / "built"))
-    port, admin_port = _free_port(), _free_port()
+    port, admin_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ISLWATCH_") or k == "ISLWATCH_CACHE"}
     log = tmp_path / "proxy.stderr"
-    with log.open("wb") as fh:  # the child keeps its own handle
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "proxy.cli",
-                "proxy",
-                "--upstream",
-                emulator,
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--admin",
-                f"127.0.0.1:{admin_port}",
-                "--model-tokenizer",
-                f"built={folder}",
-            ],
-            stdin=subprocess.DEVNULL,
-            stderr=fh,
-            env=env,
-        )
+    args = [
+        "proxy",
+        "--upstream",
+        emulator,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--admin",
+        f"127.0.0.1:{admin_port}",
+    ]
+    proc = children.spawn([*args, "--model-tokenizer", f"built={folder}"], log, env=env).proc
     proxy = CliProxy(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}", Path(folder), log)
     try:
         async with aiohttp.ClientSession() as s:
             await _wait_ready(s, proxy)
         yield proxy
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        children.stop(proc, signal.SIGKILL)
 
 
 def _stop_gracefully(proxy: CliProxy) -> None:

@@ -38,6 +38,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from proxy.runtime import compat
+
 from ..count import CountResult, Encoder, count, not_counted
 from ..endpoints import Endpoint
 from ..extract import ChatInput
@@ -373,16 +375,16 @@ def unnormalized(raw: Tokenizer) -> Tokenizer:
 def served_tokenizer(tok: Any) -> Any:
     """The tokenizer as llama-server runs it: a copy without Unicode normalization and with the template
     llama-server keeps (`patched_template`); the tokenizer itself where neither changes."""
-    if getattr(tok, "_tokenizer", None) is None:
+    raw = compat.backend_of(tok)
+    if raw is None:
         return tok
-    raw = tok._tokenizer
     stripped = unnormalized(raw)
     template = tok.chat_template if isinstance(getattr(tok, "chat_template", None), str) else None
     patched = patched_template(template) if template is not None else None
     if stripped.to_str() == raw.to_str() and patched == template:
         return tok
     out = copy.deepcopy(tok)
-    out._tokenizer = stripped
+    compat.set_backend(out, stripped)
     if patched != template:
         out.chat_template = patched
     return out
