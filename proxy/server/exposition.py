@@ -9,7 +9,7 @@ rendering it on the loop moved chat p50 from 18 ms to 3.4 s (issue 28).
   the numbers are as fresh as a render made for it alone.
 - Renders are spaced so that they take at most `DUTY` of the time (a render of d seconds is followed by at
   least d * (1 / DUTY - 1) without one): the thread's share of the GIL stays small whatever the scrape rate.
-- `AdminGate` caps the admin requests in flight (beyond: 503 with Retry-After) and, with a token set,
+- `AdminGate` caps the admin requests in flight (beyond: they wait, and past a queue, 503 with Retry-After) and, with a token set,
   answers 401 to /metrics and POST /reload without `Authorization: Bearer <token>` (RFC 6750). /healthz and
   /readyz stay open: the kubelet's httpGet probes cannot read a Secret, and they say nothing of traffic.
 """
@@ -31,6 +31,7 @@ from proxy.server.metrics import Metrics
 
 DUTY = 0.1  # the largest share of time spent rendering under a scrape storm
 RETRY_AFTER_SECONDS = 1
+WAITING_PER_SLOT = 4
 OPEN_PATHS = frozenset(("/healthz", "/readyz"))
 
 
@@ -128,11 +129,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class AdminGate:
-    """The admin app's middleware: at most `max_requests` in flight, and the bearer token when set."""
+    """The admin app's middleware: at most `max_requests` in flight, and the bearer token when set. Requests
+    past the cap wait their turn, up to `WAITING_PER_SLOT` per slot: a scraper that waits sends nothing more,
+    where one answered at once would come straight back (a storm of instant 503s costs the loop too). Past
+    that, a 503 with Retry-After."""
 
     def __init__(self, max_requests: int, token: str | None, metrics: Metrics) -> None:
         self.max_requests = max_requests
-        self.in_flight = 0
+        self.waiting = 0
+        self._slots = asyncio.Semaphore(max_requests)
         self._expected = token.encode() if token else None
         self._metrics = metrics
 
@@ -141,14 +146,18 @@ class AdminGate:
         if self._expected is not None and request.path not in OPEN_PATHS and not self._authorized(request):
             self._metrics.admin_refused("unauthorized")
             return web.Response(status=401, headers={hdrs.WWW_AUTHENTICATE: 'Bearer realm="islwatch"'})
-        if self.in_flight >= self.max_requests:
+        if self._slots.locked() and self.waiting >= WAITING_PER_SLOT * self.max_requests:
             self._metrics.admin_refused("busy")
             return web.Response(status=503, headers={hdrs.RETRY_AFTER: str(RETRY_AFTER_SECONDS)})
-        self.in_flight += 1
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
         try:
             return await handler(request)
         finally:
-            self.in_flight -= 1
+            self._slots.release()
 
     def _authorized(self, request: web.Request) -> bool:
         assert self._expected is not None
