@@ -84,6 +84,8 @@ def usage_from_json_bytes(data: bytes) -> Usage | None:
     """Usage of a JSON answer: its top-level `usage` member, never one nested deeper (a gateway's trace
     block, a tool result). `data` is the whole answer, or what `JSONUsageWindow` kept of a big one (a
     document holding only its top-level usage); anything that does not parse has no usage."""
+    if not isinstance(data, bytes):  # orjson reports a wrong type as a decode error: it is a bug, not data
+        raise TypeError(f"usage_from_json_bytes takes bytes, not {type(data).__name__}")
     try:
         return usage_of(orjson.loads(data))
     except orjson.JSONDecodeError:
