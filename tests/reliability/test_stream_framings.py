@@ -354,3 +354,24 @@ def test_a_big_json_answer_counts_its_top_level_usage_only(servers: Servers) -> 
         - value(before, "islwatch_isl_tokens_sum", kind="server")
         == 7306
     )
+
+
+def test_a_gzip_json_answer_is_read_through_a_decompressing_copy(servers: Servers) -> None:
+    answer = orjson.dumps(
+        {"id": "x", "choices": [{"message": {"content": "z" * 90_000}}], "usage": {"prompt_tokens": 41}}
+    )
+    packed = gzip.compress(answer, mtime=0)
+    servers.upstream.raw_answers[b"gzip-json"] = (
+        b"HTTP/1.1 200 OK\r\n" + DATE + b"Content-Type: application/json\r\nContent-Encoding: gzip\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(packed) + packed
+    )
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+    before = servers.metrics()
+    _, received = _exchange(servers, _request(body, b"X-Answer: gzip-json", b"Accept-Encoding: gzip"))
+    assert received == packed  # relayed compressed, as sent
+    after = servers.settled_after(before, "islwatch_isl_tokens_count", kind="server")
+    assert (
+        value(after, "islwatch_isl_tokens_sum", kind="server")
+        - value(before, "islwatch_isl_tokens_sum", kind="server")
+        == 41
+    )
