@@ -261,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="TEXT",
         help="what the variant is, for the report (e.g. 'the code of commit 17cc65d')",
     )
+    p.add_argument("--variant-rev", metavar="REV",
+                   help="add a variant running the code of this git revision (exported with `git archive`)")  # fmt: skip
     p.add_argument("--variant-arg", action="append", default=[], metavar="ARG",
                    help="add a variant with this extra `islwatch proxy` argument (e.g. --variant-arg=--analysis-queue=1)")  # fmt: skip
     args = p.parse_args(argv)
@@ -322,10 +324,18 @@ def main(argv: list[str] | None = None) -> int:
                 [isl.pid],
                 admin + "/metrics",
             )
-        if islwatch and (args.variant_env or args.variant_nice is not None or args.variant_arg):
-            # A second islwatch, changed only by environment or worker priority: a proposal, measured A/B.
+        if islwatch and (
+            args.variant_env or args.variant_nice is not None or args.variant_arg or args.variant_rev
+        ):
+            # A second islwatch, changed only by environment, worker priority or arguments, or running the
+            # code of another revision (the code before a change): measured A/B in the same run.
             v_url, v_admin = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
             v_env = {**env, **dict(kv.split("=", 1) for kv in args.variant_env)}
+            if args.variant_rev:  # PYTHONSAFEPATH: `python -m` would put the working directory's code first
+                v_env |= {
+                    "PYTHONPATH": export_rev(args.variant_rev, Path(tmp) / "variant"),
+                    "PYTHONSAFEPATH": "1",
+                }
             v = start(stack, "proxy.cli", [*cli, "proxy", "--upstream", up, "--listen", v_url[7:], "--admin", v_admin[7:],
                               "--tokenizer", args.tokenizer, *args.islwatch_arg, *args.variant_arg], v_admin + "/readyz", v_env)  # fmt: skip
             if args.variant_nice is not None:
@@ -356,12 +366,21 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(), "tokenizer": args.tokenizer, "seconds": time.perf_counter() - t0,
         "islwatch_args": args.islwatch_arg, "upstream": args.upstream, "summary": summary, "targets_met": checks,
         "phases": plan, "variant": {"env": args.variant_env, "nice": args.variant_nice, "args": args.variant_arg,
-                    "label": args.variant_label},
+                    "rev": args.variant_rev, "label": args.variant_label},
         "client": args.client,
         "body_tokens": "~1000 (1-turn chat), max_tokens 16" + (", one fixed body" if args.client == "wrk" else ""),
     })  # fmt: skip
     print(f"wrote {path}")
     return 0
+
+
+def export_rev(rev: str, into: Path) -> str:
+    """The tree of git revision `rev` of this repository, written to `into` (the working tree untouched)."""
+    into.mkdir(parents=True)
+    repo = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(["git", "-C", str(repo), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return str(into)
 
 
 def _python_client(cfg_file: Path, env: dict[str, str]) -> list[dict[str, Any]] | None:
