@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import json
 
-from tests.builders import build_tokenizer
-from tests.conftest import load_shared
-
-from proxy.core.count import count_request
 from proxy.core.flavor import (
     cpp_number,
     flavored_tokenizer,
@@ -15,7 +11,11 @@ from proxy.core.flavor import (
     prepare_body,
     reported_prompt_tokens,
 )
+
+from proxy.core.count import count_request
 from proxy.core.usage import SSEUsageParser
+from tests.builders import build_tokenizer
+from tests.conftest import load_shared
 
 PREFILL = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]}
 

@@ -12,14 +12,14 @@ from functools import cache
 from typing import Any
 
 import pytest
-from tests.conftest import load_shared
+from proxy.core.flavor import count_as, flavored_tokenizer
+from proxy.core.llama_cpp import FAILS, REFUSES, LlamaCppEncoder, llama_cpp_chat_body, patched_template
 
 from proxy.core.count import INVALID_BODY, SERVER_REFUSES
 from proxy.core.encoders import ReferenceEncoder
 from proxy.core.extract import chat_input
-from proxy.core.flavor import count_as, flavored_tokenizer
-from proxy.core.llama_cpp import FAILS, REFUSES, LlamaCppEncoder, llama_cpp_chat_body, patched_template
 from proxy.core.messages import InvalidBody, ServerRefuses
+from tests.conftest import load_shared
 
 THOUGHT = "Think first."
 USER = {"role": "user", "content": "Hi"}

@@ -14,15 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from proxy.core.flavor import count_as
+from proxy.core.sglang import count_sglang
+
+from proxy.core.count import SERVER_REFUSES, CountResult
+from proxy.core.server_settings import DEFAULT_SETTINGS, ServerSettings
+from tests.conftest import REPO, SHARED_TOKENIZERS
 from tests.sglang_server.sglang_proc import Oracle
 from tests.sglang_server.sglang_shapes import DIVERGES, SHAPES, refused_by
 from tests.vllm_server.vllm_shapes import Shape
-
-from proxy.core.count import SERVER_REFUSES, CountResult
-from proxy.core.flavor import count_as
-from proxy.core.server_settings import DEFAULT_SETTINGS, ServerSettings
-from proxy.core.sglang import count_sglang
-from tests.conftest import REPO, SHARED_TOKENIZERS
 
 pytestmark = pytest.mark.sglang
 
