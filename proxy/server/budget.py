@@ -31,6 +31,8 @@ class BodyBudget:
         self.held = 0
         self._metrics = metrics
         self._queue: deque[tuple[int, asyncio.Future[None]]] = deque()
+        # Read when scraped: a set() per take and release would cost each request two lock round trips.
+        metrics.body_budget_bytes.set_function(lambda: self.held)
 
     def size(self, request: web.Request) -> int:
         """What the request takes: its body's declared length (capped), 0 without a body."""
@@ -42,7 +44,7 @@ class BodyBudget:
     def take_now(self, n: int) -> bool:
         if self._queue or self.held + n > self.limit:  # first come first served: no overtaking
             return False
-        self._hold(n)
+        self.held += n
         return True
 
     async def take(self, n: int) -> bool:
@@ -71,17 +73,12 @@ class BodyBudget:
 
     def release(self, n: int) -> None:
         self.held -= n
-        self._metrics.body_budget_bytes.set(self.held)
         self._grant()
-
-    def _hold(self, n: int) -> None:
-        self.held += n
-        self._metrics.body_budget_bytes.set(self.held)
 
     def _grant(self) -> None:
         while self._queue and self.held + self._queue[0][0] <= self.limit:
             n, future = self._queue.popleft()
-            self._hold(n)
+            self.held += n
             future.set_result(None)
 
 
