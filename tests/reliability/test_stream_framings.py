@@ -13,6 +13,7 @@ import asyncio
 import gzip
 import socket
 import urllib.request
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -101,6 +102,7 @@ class Upstream:
     waiting: asyncio.Event = field(default_factory=asyncio.Event)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     raw_answers: dict[bytes, bytes] = field(default_factory=dict)  # X-Answer -> a whole canned response
+    first: bytes = b""  # the compressed bytes of a held gzip answer's first event
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -120,7 +122,15 @@ class Upstream:
             answer = ANSWERS[name.decode()]
             asked = ASKED in body.replace(b" ", b"")
             events = answer.events(asked)
-            if self.hold:
+            if self.hold and answer.coding:  # the first event sync-flushed, so a client can read it at once
+                packer = zlib.compressobj(wbits=31)
+                self.first = packer.compress(events[0]) + packer.flush(zlib.Z_SYNC_FLUSH)
+                writer.write(_head(answer, asked) + b"%x\r\n%s\r\n" % (len(self.first), self.first))
+                self.waiting.set()
+                await writer.drain()
+                await self.release.wait()
+                writer.write(_chunked(packer.compress(b"".join(events[1:])) + packer.flush()))
+            elif self.hold:
                 writer.write(_head(answer, asked) + b"%x\r\n%s\r\n" % (len(events[0]), events[0]))
                 self.waiting.set()
                 await writer.drain()
@@ -296,22 +306,20 @@ def test_a_body_with_stream_options_is_not_rewritten(servers: Servers, options: 
     )
 
 
-def test_a_cr_only_event_is_not_held_for_a_newline(servers: Servers) -> None:
-    """The upstream sends its head and first CR-framed event, then waits: the client gets that event while
-    the upstream still holds the rest (the old stripper waited for an LF)."""
-    first = _stream(b"\r", usage=True, fields=True)[0]
+def _held_exchange(servers: Servers, name: str, request: bytes, first: Callable[[], bytes]) -> bytes:
+    """Send `request`; the upstream sends its head and first event, then waits: the client must receive
+    `first()` (what the upstream sent of that event) while the upstream still waits. The whole answer."""
 
     def arm() -> None:
         servers.upstream.hold = True
         servers.upstream.waiting, servers.upstream.release = asyncio.Event(), asyncio.Event()
 
     servers.bg.call(arm)
-    before = servers.metrics()
     try:
         with socket.create_connection(("127.0.0.1", servers.port), timeout=READ_DEADLINE_SECONDS) as s:
-            s.sendall(_request(BODY, b"X-Answer: cr-fields"))
+            s.sendall(request)
             data = b""
-            while first not in data:
+            while not servers.bg.call(servers.upstream.waiting.is_set) or first() not in data:
                 try:
                     chunk = s.recv(65536)
                 except TimeoutError:
@@ -322,12 +330,35 @@ def test_a_cr_only_event_is_not_held_for_a_newline(servers: Servers) -> None:
             servers.bg.loop.call_soon_threadsafe(servers.upstream.release.set)
             while chunk := s.recv(65536):
                 data += chunk
-        _, _, body = data.partition(b"\r\n\r\n")
-        assert _dechunk(body) == ANSWERS["cr-fields"].body(False)
-        servers.settled_after(before, "islwatch_isl_tokens_count", kind="server")
+        return _dechunk(data.partition(b"\r\n\r\n")[2])
     finally:
         servers.bg.loop.call_soon_threadsafe(servers.upstream.release.set)
         servers.bg.call(lambda: setattr(servers.upstream, "hold", False))
+
+
+def test_a_cr_only_event_is_not_held_for_a_newline(servers: Servers) -> None:
+    """The upstream sends its head and first CR-framed event, then waits: the client gets that event while
+    the upstream still holds the rest (the old stripper waited for an LF)."""
+    first = _stream(b"\r", usage=True, fields=True)[0]
+    before = servers.metrics()
+    body = _held_exchange(servers, "cr-fields", _request(BODY, b"X-Answer: cr-fields"), lambda: first)
+    assert body == ANSWERS["cr-fields"].body(False)
+    servers.settled_after(before, "islwatch_isl_tokens_count", kind="server")
+
+
+def test_a_compressed_event_is_not_held(servers: Servers) -> None:
+    """A server that compresses a stream it was asked usage for (the client sent no Accept-Encoding): the
+    compressed bytes of its first event reach the client while the upstream waits (the old stripper split
+    the compressed bytes on LF and held them)."""
+    before = servers.metrics()
+    received = _held_exchange(
+        servers,
+        "gzip",
+        _request(BODY, b"X-Answer: gzip"),
+        lambda: servers.bg.call(lambda: servers.upstream.first),
+    )
+    assert zlib.decompress(received, wbits=31) == b"".join(ANSWERS["gzip"].events(True))
+    servers.settled_after(before, "islwatch_isl_tokens_count", kind="server")
 
 
 def test_a_big_json_answer_counts_its_top_level_usage_only(servers: Servers) -> None:
