@@ -96,8 +96,7 @@ def json_content_type(ctype: str | None) -> bool:
 
 
 def wants_usage(obj: dict[str, Any]) -> bool:
-    """A streaming request that did not ask for usage (`stream_options` absent: the one shape whose stream
-    islwatch can restore exactly after asking; see `injection_refused`)."""
+    """A streaming request that did not ask for usage (whether it may be asked: `injection_refused`)."""
     opts = obj.get("stream_options")
     return obj.get("stream") is True and not (isinstance(opts, dict) and opts.get("include_usage") is True)
 
@@ -111,8 +110,9 @@ def injection_refused(obj: dict[str, Any], accept_encoding: str | None) -> str |
       not worth the risk to the client's bytes.
     - The client accepts a compressed answer: the server may then compress the stream, and a compressed
       stream cannot be edited without re-encoding it (other bytes). An absent Accept-Encoding is taken as
-      identity, as uvicorn's and Starlette's GZipMiddleware do (RFC 9110 12.5.3 allows any coding there, but
-      no server compresses without being asked)."""
+      identity, as Starlette's GZipMiddleware (vLLM and SGLang serve with Starlette) decides whether to
+      compress (RFC 9110 12.5.3 allows any coding there). A server that compresses anyway is relayed as
+      sent and counted (`UsageTap.injection_result`: compressed)."""
     if "stream_options" in obj:
         return "skipped_options"
     if accepts_compression(accept_encoding):
