@@ -199,6 +199,7 @@ def cli_page() -> str:
 
 def _label_values() -> dict[tuple[str, str], tuple[str, ...]]:
     """The label values the code fixes in one place, by (family name, label)."""
+    from proxy.core import fast
     from proxy.core.causes import CAUSES
     from proxy.server import metric_families as mf
     from proxy.server.engine_metrics import ENGINES
@@ -216,6 +217,8 @@ def _label_values() -> dict[tuple[str, str], tuple[str, ...]]:
         ("islwatch_engine_scrapes", "result"): "ENGINE_SCRAPE_RESULTS",
     }
     out = {key: tuple(getattr(mf, name)) for key, name in constants.items() if hasattr(mf, name)}
+    if hasattr(fast, "FALLBACK_REASONS"):
+        out[("islwatch_fast_path_fallbacks", "reason")] = tuple(fast.FALLBACK_REASONS)
     out[("islwatch_drift", "cause")] = CAUSES
     out[("islwatch_engine_tokens", "engine")] = tuple(e.name for e in ENGINES)
     out[("islwatch_engine_tokens", "kind")] = tuple(dict.fromkeys(k for e in ENGINES for k in e.kinds))
@@ -317,7 +320,8 @@ def _summary(path: Path) -> str:
     """The first sentence of a module's docstring (read with ast: nothing is imported)."""
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
     first = " ".join(doc.split("\n\n", 1)[0].split())
-    first = re.sub(r"\s*\(issues? [\d, ]+\)", "", first)  # which issue asked for it is history, not what it is
+    # Which issue asked for a module is its history, not what it is.
+    first = re.sub(r"\s*\(issues? [\d, ]+\)", "", first)
     end = re.search(r"\.(\s|$)", first)
     return first[: end.start() + 1] if end else first
 
