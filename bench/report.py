@@ -127,17 +127,48 @@ def _variant_rows(d: dict[str, Any]) -> list[str]:
     out = [
         f"Variant in the same run: {what}.",
         "",
-        "| phase | islwatch / variant +p50 ms | islwatch / variant req/s | event-loop CPU s per 1k: islwatch / variant |",
-        "|---|---|---|---|",
+        "| phase | islwatch / variant +p50 ms | islwatch / variant +p99 ms | x floor +p50: islwatch / variant | "
+        "x floor +p99: islwatch / variant | islwatch / variant req/s (x floor) | event-loop CPU s per 1k: "
+        "islwatch / variant | RSS MB islwatch / variant | errors islwatch / variant |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for phase, t in d["summary"].items():
         isl, var = t.get("islwatch", {}), t.get("variant", {})
+        iv, vv = isl.get("vs_floor") or {}, var.get("vs_floor") or {}
         out.append(
             f"| {phase} | {_f(isl.get('added_p50_ms'))} / {_f(var.get('added_p50_ms'))} | "
-            f"{_f(isl.get('rps'), '.0f')} / {_f(var.get('rps'), '.0f')} | "
-            f"{_f(isl.get('proxy_main_cpu_s_per_1000'))} / {_f(var.get('proxy_main_cpu_s_per_1000'))} |"
+            f"{_f(isl.get('added_p99_ms'))} / {_f(var.get('added_p99_ms'))} | "
+            f"{_f(iv.get('added_p50'))} / {_f(vv.get('added_p50'))} | "
+            f"{_f(iv.get('added_p99'))} / {_f(vv.get('added_p99'))} | "
+            f"{_f(isl.get('rps'), '.0f')} / {_f(var.get('rps'), '.0f')} "
+            f"({_f(iv.get('rps'))} / {_f(vv.get('rps'))}) | "
+            f"{_f(isl.get('proxy_main_cpu_s_per_1000'))} / {_f(var.get('proxy_main_cpu_s_per_1000'))} | "
+            f"{_f(isl.get('rss_mb'), '.0f')} / {_f(var.get('rss_mb'), '.0f')} | "
+            f"{isl.get('errors', '-')} / {var.get('errors', '-')} |"
         )
     return [*out, ""]
+
+
+def scrape_storm_section(d: dict[str, Any]) -> list[str]:
+    out = [
+        "## Scrape storm (`python -m bench.scrape_storm`)",
+        "",
+        f"Machine: {_machine(d['machine'])}. {d['scrapers']} scrapers in a closed loop on /metrics (OpenMetrics, "
+        f"gzip) in a process of their own, against sequential chats (c1) to `islwatch emulate` "
+        f"(`{d['tokenizer']}`), {d['reps']} rounds of {d['seconds']:g} s blocks, storm and quiet alternating. "
+        "Target: the storm moves islwatch's chat p50 by < 10%.",
+        "",
+        "| contender | quiet p50 / p99 ms | storm p50 / p99 ms | storm / quiet p50 | storm / quiet p99 | scrapes/s answered |",
+        "|---|---|---|---|---|---|",
+    ]
+    labels = {"islwatch": "islwatch", "variant": f"variant: the code at {d.get('variant_rev')}"}
+    for name, c in d["summary"].items():
+        q, s = c["quiet"], c["storm"]
+        out.append(
+            f"| {labels.get(name, name)} | {_f(q['p50_ms'])} / {_f(q['p99_ms'])} | {_f(s['p50_ms'])} / "
+            f"{_f(s['p99_ms'])} | {_f(c['p50_ratio'])} | {_f(c['p99_ratio'])} | {_f(s['scrapes_per_s'], '.0f')} |"
+        )
+    return [*out, "", f"Target: {'met' if d.get('target_met') else 'MISSED'}.", ""]
 
 
 def loadgen_section(d: dict[str, Any]) -> list[str]:
@@ -197,6 +228,7 @@ SECTIONS = (
     ("analysis_cost", analysis_section),
     ("proxy_overhead", overhead_section),
     ("proxy_overhead_wrk", overhead_section),
+    ("scrape_storm", scrape_storm_section),
     ("loadgen_capacity", loadgen_section),
     ("aiperf_vs_loadgen", aiperf_section),
 )
