@@ -87,9 +87,10 @@ def block(target: str, admin: str, scrapers: int, seconds: float, env: dict[str,
         rate = None
         if storm_proc is not None:
             assert storm_proc.stdout is not None
-            rate = float(storm_proc.stdout.readline() or 0)
             storm_proc.kill()
+            reports = storm_proc.stdout.read().split()  # one a second: the last covers the whole block
             storm_proc.wait()
+            rate = float(reports[-1]) if reports else 0.0
     return {"lat": lat, "scrapes_per_s": rate}
 
 
