@@ -232,3 +232,17 @@ async def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeou
         assert await closed_by_proxy(reader) == b""
         writer.close()
         assert cut(await metrics(urls), "header_timeout") == 1
+
+
+async def test_each_head_on_a_kept_alive_connection_gets_its_own_deadline() -> None:
+    """One deadline timer per connection, checked when it fires (guard._head_check): requests that complete
+    in time are never cut, and a later head left half-sent is cut at its own deadline, not the first's."""
+    async with proxy(header_timeout_seconds=SHORT) as (urls, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(urls))
+        for _ in range(20):
+            writer.write(GET)
+            assert (await response(reader))[0] == 200
+        writer.write(HALF_HEAD)
+        assert await closed_by_proxy(reader) == b""
+        writer.close()
+        assert cut(await metrics(urls), "header_timeout") == 1
