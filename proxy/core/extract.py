@@ -56,11 +56,20 @@ def chat_input(
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidBody("messages is not a non-empty list")
+    if refusals and any(name in body and body[name] is None for name in NOT_NULLABLE):
+        raise ServerRefuses(REFUSES + "null for a field that takes none")
     return _chat_from_messages(body, messages, parts_format, developer_role, defaults, refusals)
 
 
 # Keys the renderer passes by name: a `chat_template_kwargs` entry of the same name is merged, not repeated.
 _NAMED = ("add_generation_prompt", "continue_final_message", "documents", "tools")
+# ChatCompletionRequest's fields typed without None (chat_completion/protocol.py): a null is pydantic's 400.
+# Those of vLLM 0.32 and 0.33 both (0.32's skip_special_tokens too: tests/vllm_oracle/test_vllm_releases.py).
+NOT_NULLABLE = (
+    "include_reasoning", "use_beam_search", "length_penalty", "include_stop_str_in_output", "ignore_eos",
+    "min_tokens", "spaces_between_special_tokens", "bad_words", "echo", "add_generation_prompt",
+    "continue_final_message", "add_special_tokens", "priority", "request_id",
+)  # fmt: skip
 # ChatCompletionRequest.reasoning_effort's Literal (chat_completion/protocol.py): anything else is a 400.
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 

@@ -58,7 +58,9 @@ class ServedModel:
 
     def count(self, endpoint: str, body: Any, streamed: bool = False) -> CountResult:
         """What the server counts for this request. Never raises but on an islwatch bug (core/count.py)."""
-        result = self._count(endpoint, body, streamed)
+        result = self.flavor.reported(
+            self._count(endpoint, body, streamed), endpoint, body, streamed, self.renderer
+        )
         if self.text_only and result.media_parts:
             # vllm/multimodal/registry.py: a media part for a model that is not multimodal is a 400
             why = REFUSES + "media parts for a model that is not multimodal"

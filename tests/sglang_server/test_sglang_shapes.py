@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proxy.core.flavor import count_as
-from proxy.core.sglang import count_sglang
 
 from proxy.core.count import SERVER_REFUSES, CountResult
+from proxy.core.flavors import flavor_named
 from proxy.core.server_settings import DEFAULT_SETTINGS, ServerSettings
 from tests.conftest import REPO, SHARED_TOKENIZERS
 from tests.sglang_server.sglang_proc import Oracle
@@ -40,8 +39,8 @@ def islwatch_count(
     oracle: Oracle, encoder: Any, body: dict[str, Any], settings: ServerSettings = DEFAULT_SETTINGS
 ) -> CountResult:
     """The sglang flavor's count with what the served model knows: the server's settings and the folder's
-    `model_type` (`flavor.count_as` does not hand them to `count_sglang` yet: the one call to change)."""
-    return count_sglang(encoder, "chat", body, settings, model_type(oracle.model_dir))
+    `model_type`."""
+    return flavor_named("sglang").count(encoder, "chat", body, False, settings, model_type(oracle.model_dir))
 
 
 def assert_same_answer(answer: dict[str, Any], result: CountResult, refused: bool) -> None:
@@ -90,16 +89,18 @@ def test_the_default_vllm_flavor_is_off_where_sglang_departs(oracle: Oracle, enc
     ):
         answer = sglang_answer(oracle, shape)
         sglang = len(answer["input_ids"]) if answer["status"] == 200 else None
-        if count_as("vllm", encoder, "chat", shape.body, False).expected_server != sglang:
+        if flavor_named("vllm").count(encoder, "chat", shape.body).expected_server != sglang:
             differs.add(shape.name)
     assert differs == DEPARTS[oracle.family]
 
 
 CLI_SHAPES = [s for s in SHAPES if s.name in ("continue_final_message_spaces", "unknown_role")]
+CLI_FAMILY = "qwen3"  # the command's plumbing, once (a process start each): the flavor is checked on all above
 
 
 @pytest.mark.parametrize("shape", CLI_SHAPES, ids=[s.name for s in CLI_SHAPES])
-def test_count_command_with_sglang_flavor(oracle: Oracle, shape: Shape) -> None:
+def test_count_command_with_sglang_flavor(oracles: dict[str, Oracle], shape: Shape) -> None:
+    oracle = oracles[CLI_FAMILY]
     proc = subprocess.run(
         [sys.executable, "-m", "proxy.cli", "count", "--tokenizer", str(SHARED_TOKENIZERS / oracle.family),
          "--server-flavor", "sglang", "-"],

@@ -212,6 +212,21 @@ AGENT: list[Shape] = [
         reasoning_effort="low",
     ),
     chat("tool_choice_required_agent", [SYSTEM, ASK], tools=AGENT_TOOLS, tool_choice="required"),
+    # truncate_prompt_tokens (vllm/renderers/params.py): the prompt cut to N tokens, from either side
+    chat("truncate_prompt_tokens_8", [SYSTEM, ASK], truncate_prompt_tokens=8),
+    chat("truncate_prompt_tokens_8_left", [SYSTEM, ASK], truncate_prompt_tokens=8, truncation_side="left"),
+    chat("truncate_prompt_tokens_above_the_prompt", [SYSTEM, ASK], truncate_prompt_tokens=2000),
+    chat("truncate_prompt_tokens_context", [SYSTEM, ASK], truncate_prompt_tokens=-1),
+    # fields of the request model that take no null (pydantic's 400), and one that does
+    chat("null_ignore_eos", [ASK], ignore_eos=None),
+    chat("null_echo_and_min_tokens", [ASK], echo=None, min_tokens=None),
+    chat("null_add_special_tokens", [ASK], add_special_tokens=None),
+    chat("null_reasoning_effort", [ASK], reasoning_effort=None),
+    Shape(
+        "completions_truncate_prompt_tokens_3",
+        "completions",
+        {"prompt": ["The sky is blue today", "Hi"], "truncate_prompt_tokens": 3},
+    ),
 ]
 
 

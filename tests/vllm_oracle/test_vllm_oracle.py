@@ -63,6 +63,6 @@ def test_count_equals_vllm_prompt(oracle: Oracle, shape: Shape) -> None:
 
 
 def test_the_oracle_is_the_tested_version(oracles: dict[str, Oracle], release: str) -> None:
-    """Each release's oracles run the version proxy.core.specs.TESTED_VERSIONS names (README, "Tested against
-    vLLM"): the vllm flavor's 0.32, and the newer release it is also checked against."""
+    """Each release's oracles run the version proxy.core.specs.TESTED_VERSIONS names
+    (docs/compatibility/vllm.md): the vllm flavor's 0.32, and the newer release it is also checked against."""
     assert {o.version for o in oracles.values()} == {TESTED_VERSIONS[release]}

@@ -30,7 +30,7 @@ import pytest
 from tests.vllm_oracle.oracle_proc import CONTEXT, Oracle
 
 pytestmark = pytest.mark.vllm
-FAMILY = "qwen2.5-instruct"  # any family: none of these touches the template
+FAMILY = "qwen3"  # any family both releases serve (conftest.py): none of these touches the template
 HI = [{"role": "user", "content": "Hi"}]
 LONG = "word " * (CONTEXT + 9000)  # more tokens than the context, on every family's vocabulary
 OLD, NEW = "vllm", "vllm_render"  # the releases' keys in TESTED_VERSIONS (conftest.py RELEASES)

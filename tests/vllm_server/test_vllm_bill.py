@@ -1,11 +1,11 @@
-"""The whole bill against the real vLLM 0.32 server: the Qwen2.5 one (vllm_proc.BILLED_FAMILY) runs with
+"""The whole bill against the real vLLM 0.32 server: the Llama 3.1 one (vllm_proc.BILLED_FAMILY) runs with
 `--enable-prompt-tokens-details`, prefix caching in 32-token blocks and its stats loggers on.
 
 - Through `islwatch proxy --upstream-metrics-url`: chat, completions and /v1/responses, JSON and SSE, read by
   the openai client (an independent parser). islwatch's usage metrics equal what the client read, and the
   engine's own counters, scraped beside them, equal the same sums: `vllm:prompt_tokens_total` counts cached
   prompt tokens too, `vllm:prompt_tokens_cached_total` and `vllm:prefix_cache_hits_total` are usage's
-  `cached_tokens`, `vllm:generation_tokens_total` the output tokens (README, "The engine's own counters").
+  `cached_tokens`, `vllm:generation_tokens_total` the output tokens (docs/metrics.md, "The engine's own counters").
 - A server started with `--disable-log-stats` (the other test servers) has no token counters to read.
 - The loadgen's cache-bust proof: a workload run twice with the same seed and new markers. Each first turn is
   served from the cache exactly as far as it shares whole 32-token blocks with a prompt sent before it (so,

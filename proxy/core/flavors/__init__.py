@@ -5,7 +5,7 @@ A flavor answers four questions, by the rules its server's source follows (each 
 - which tokenizer and template the server really runs (llama.cpp: its own normalization and patched
   templates; vLLM: the processor's template for requests without tools);
 - what the server counts for a request: its preparation of the body, then the one counting path
-  (core/count.py), then how it reports the usage of several prompts;
+  (core/count.py), then what it reports of it (truncation, the usage of several prompts);
 - what it refuses (a `ServerRefuses`, counted as `server_would_refuse`), media on text models included.
 The shared request parsing (core/extract.py, core/messages.py) follows vLLM, the reference server; a
 flavor says where its server departs from it. core/model.py assembles a served model from one of these.
@@ -68,6 +68,13 @@ class Flavor(Protocol):
         model_type: str | None = None,
     ) -> CountResult:
         """What the server counts for this request (`model_type`: config.json's). Never raises."""
+        ...
+
+    def reported(
+        self, result: CountResult, endpoint: str, body: Any, streamed: bool, renderer: str
+    ) -> CountResult:
+        """The count as the server reports it in `usage`, from whichever renderer counted it: truncation,
+        the usage of several prompts."""
         ...
 
 

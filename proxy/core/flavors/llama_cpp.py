@@ -433,7 +433,11 @@ class LlamaCppFlavor:
             prepared = llama_cpp_chat_body(body, enc.template) if endpoint == Endpoint.CHAT else body
         except InvalidBody as exc:  # a ServerRefuses where the server answers 400
             return not_counted(endpoint, exc)
-        result = count(enc, endpoint, prepared, settings)
+        return count(enc, endpoint, prepared, settings)
+
+    def reported(
+        self, result: CountResult, endpoint: str, body: Any, streamed: bool, renderer: str
+    ) -> CountResult:
         reported = reported_prompt_tokens(endpoint, result.prompts, streamed)
         return result if reported is None else replace(result, expected_server=reported)
 

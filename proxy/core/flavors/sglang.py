@@ -399,5 +399,10 @@ class SglangFlavor:
     ) -> CountResult:
         return count_sglang(enc, endpoint, body, settings, model_type)
 
+    def reported(
+        self, result: CountResult, endpoint: str, body: Any, streamed: bool, renderer: str
+    ) -> CountResult:
+        return result
+
 
 SGLANG = SglangFlavor()

@@ -11,17 +11,19 @@ is vLLM's alone lives here:
   `resolve_chat_template`, core/templates.py), unless the server was given `--chat-template`;
 - media parts for a model served as text-only are a 400 (`vllm/multimodal/registry.py`), but on the Harmony
   path, which never asks the multimodal registry (`_make_request_with_harmony`);
-- the refusals vLLM's request model makes (`ServerSettings.vllm_refusals`, core/messages.py).
+- the refusals vLLM's request model makes (`ServerSettings.vllm_refusals`, core/messages.py);
+- `truncate_prompt_tokens`: the prompt cut to that many tokens (`truncated`).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..count import CountResult, Encoder, count
+from ..endpoints import Endpoint
 from ..renderers import HARMONY, JINJA, MISTRAL
 from ..renderers.mistral import is_mistral_folder
 from ..server_settings import DEFAULT_SETTINGS, ServerSettings
@@ -58,6 +60,19 @@ def _text_model(folder: Path) -> bool:
     if not (folder / "config.json").is_file():
         return False
     return not any((folder / name).is_file() for name in PROCESSOR_FILES)
+
+
+def truncated(result: CountResult, body: Any) -> CountResult:
+    """vLLM keeps at most `truncate_prompt_tokens` tokens of each prompt, from the side `truncation_side`
+    says (`vllm/renderers/params.py` TokenizeParams; the chat and completion request models hand it over).
+    A positive N caps each prompt's count at N. -1 caps it at the model's context, which islwatch does not
+    know: a prompt that long would be refused without it, so the count stands. 0 is left unmodelled."""
+    n = body.get("truncate_prompt_tokens") if isinstance(body, dict) else None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1 or result.expected_server is None:
+        return result
+    if len(result.prompts) > 1 and sum(result.prompts) == result.expected_server:  # completions' prompt list
+        return replace(result, expected_server=sum(min(p, n) for p in result.prompts))
+    return replace(result, expected_server=min(result.expected_server, n))
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,15 @@ class VllmFlavor:
         model_type: str | None = None,
     ) -> CountResult:
         return count(enc, endpoint, body, settings)
+
+    def reported(
+        self, result: CountResult, endpoint: str, body: Any, streamed: bool, renderer: str
+    ) -> CountResult:
+        # The Harmony path (gpt-oss's chat and responses) builds the ids itself and cuts nothing
+        # (online_renderer.py _make_request_with_harmony: no TokenizeParams); its completions are cut.
+        # Measured on 0.32 and 0.33 (tests/vllm_oracle).
+        harmony = renderer == HARMONY and endpoint in (Endpoint.CHAT, Endpoint.RESPONSES)
+        return result if harmony else truncated(result, body)
 
 
 VLLM = VllmFlavor()
