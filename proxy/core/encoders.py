@@ -14,6 +14,9 @@ from .tokens import bos_text, developer_role, encode_len, parts_format, render_c
 
 
 class ReferenceEncoder:
+    # Why fast.py's shortcuts are off for this tokenizer (fast.FALLBACK_REASONS); counted at the server edge.
+    fallbacks: tuple[str, ...] = ()
+
     def __init__(self, tok: Any, images: ImageModel | None = None) -> None:
         self.tok = tok
         self.images = images  # core/vision.py load_image_model; None: images stay unmodelled

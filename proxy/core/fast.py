@@ -68,6 +68,21 @@ SAMPLE_TEXTS = (
 )
 
 
+# Why a shortcut is off although it applies: its proof raised or its output differed from the reference, or
+# transformers' template compiler is missing. Each one costs speed, never a count: the reference takes over.
+# The core records the reasons (`FastEncoder.fallbacks`); the server counts them
+# (islwatch_fast_path_fallbacks_total{reason}) and logs each reason once.
+FALLBACK_REASONS = (
+    "direct_raised",
+    "direct_differs",
+    "reuse_raised",
+    "reuse_differs",
+    "render_raised",
+    "render_differs",
+    "template_compiler_missing",
+)
+
+
 class FastEncoder(ReferenceEncoder):
     """`count(FastEncoder(tok), endpoint, body)` returns what `count_request(tok, endpoint, body)` returns."""
 
@@ -80,10 +95,12 @@ class FastEncoder(ReferenceEncoder):
         self._backend = _direct_backend(tok)
         self._split_special = bool(getattr(tok, "split_special_tokens", False))
         self._splitter: re.Pattern[str] | None = None
-        self._compiled, self._special_tokens = _compiled_template(tok, self.template)
+        self._fallbacks: list[str] = []
+        self._compiled, self._special_tokens = self._compile_template()
         self.direct_proven = self._backend is not None and self._check_direct()
         self.reuse_proven = self.direct_proven and self._check_reuse()
         self.render_proven = self._compiled is not None and self._check_render()
+        self.fallbacks = tuple(self._fallbacks)
 
     # ---- the encoder steps ----------------------------------------------------------------------------------
 
@@ -193,9 +210,9 @@ class FastEncoder(ReferenceEncoder):
             ref = [list(ids) for ids in self.tok(samples, add_special_tokens=False)["input_ids"]]
             backend = _unconfigured(self._backend, self._split_special)  # type: ignore[arg-type]
             fast = [list(e.ids) for e in backend.encode_batch_fast(samples, add_special_tokens=False)]
-            return ref == fast
         except Exception:
-            return False
+            return self._fell_back("direct_raised")
+        return ref == fast or self._fell_back("direct_differs")
 
     def _check_reuse(self) -> bool:
         backend = self._backend
@@ -214,9 +231,10 @@ class FastEncoder(ReferenceEncoder):
             probe = Lru(0)  # no caching during the check: every piece is really encoded
             samples = self._samples()
             full = self._encode_lens(samples)
-            return all(self._split_count(s, probe) == n for s, n in zip(samples, full, strict=True))
+            same = all(self._split_count(s, probe) == n for s, n in zip(samples, full, strict=True))
         except Exception:
-            return False
+            return self._fell_back("reuse_raised")
+        return same or self._fell_back("reuse_differs")
 
     def _check_render(self) -> bool:
         """The compiled template renders every sample conversation as apply_chat_template does."""
@@ -228,10 +246,30 @@ class FastEncoder(ReferenceEncoder):
                     except Exception:
                         continue  # a shape the template refuses: nothing to compare
                     if self._render_compiled(messages, gen) != want:
-                        return False
+                        return self._fell_back("render_differs")
             return True
         except Exception:
-            return False
+            return self._fell_back("render_raised")
+
+    def _fell_back(self, reason: str) -> bool:
+        """Note why a shortcut is off (FALLBACK_REASONS); False, the check's answer."""
+        self._fallbacks.append(reason)
+        return False
+
+    def _compile_template(self) -> tuple[Any, dict[str, Any]]:
+        """transformers' own compiled template and the special-token variables it renders with (a snapshot)."""
+        tok = self.tok
+        if self.template is None or not isinstance(getattr(tok, "chat_template", None), str):
+            return None, {}
+        try:
+            compiled = compat.compile_jinja_template(self.template)
+            specials = dict(tok.special_tokens_map) if compiled is not None else {}
+        except Exception:  # a template jinja cannot compile: apply_chat_template raises the same
+            self._fell_back("render_raised")
+            return None, {}
+        if compiled is None:  # a private helper: if it moves, every request takes apply_chat_template
+            self._fell_back("template_compiler_missing")
+        return compiled, specials
 
 
 def _plain(chat: ChatInput) -> bool:
@@ -246,18 +284,11 @@ def best_encoder(
 ) -> Encoder:
     """The fast encoder where any of its steps is proven for this tokenizer, else the reference encoder."""
     fast = FastEncoder(tok, cache_entries, images)
-    return fast if fast.direct_proven or fast.render_proven else ReferenceEncoder(tok, images)
-
-
-def _compiled_template(tok: Any, template: str | None) -> tuple[Any, dict[str, Any]]:
-    """transformers' own compiled template and the special-token variables it renders with (a snapshot)."""
-    if template is None or not isinstance(getattr(tok, "chat_template", None), str):
-        return None, {}
-    try:
-        compiled = compat.compile_jinja_template(template)
-        return (compiled, dict(tok.special_tokens_map)) if compiled is not None else (None, {})
-    except Exception:  # a private helper: if it moves, every request takes apply_chat_template
-        return None, {}
+    if fast.direct_proven or fast.render_proven:
+        return fast
+    reference = ReferenceEncoder(tok, images)
+    reference.fallbacks = fast.fallbacks
+    return reference
 
 
 def _direct_backend(tok: Any) -> Tokenizer | None:

@@ -134,6 +134,12 @@ class Analyzer:
                     check.summary,
                     probes=[[p.name, p.text] for p in probe_set],
                     probe_ids=our_ids(model.tokenizer, probe_set),
+                    fast_path_fallbacks=sorted(
+                        {
+                            *getattr(model.encoder, "fallbacks", ()),
+                            *getattr(model.processor_encoder, "fallbacks", ()),
+                        }
+                    ),
                 )
             )
         return reports

@@ -12,6 +12,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from proxy.core.fast import FALLBACK_REASONS
+
 # 1-2-5 steps from 1 to 1M tokens.
 ISL_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5) if m * 10**e <= 1_000_000)
 IMAGES_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 8.0, 10.0, 20.0, 50.0, 100.0)
@@ -53,6 +55,8 @@ ADMIN_REFUSALS = ("busy", "unauthorized")
 # Requests whose client went away (handler.py): while its body was read, before the upstream's answer
 # began, or while the answer was relayed.
 DISCONNECT_STAGES = ("request", "upstream", "response")
+# Why a fast-path shortcut is off for a tokenizer (proxy/core/fast.py).
+FAST_PATH_FALLBACK_REASONS = FALLBACK_REASONS
 # Where an analysis raised: an islwatch bug, never data (proxy/server/analyzer.py).
 ANALYSIS_STAGES = ("count", "usage", "classify", "dump", "frame")
 
@@ -217,6 +221,13 @@ def _analysis(r: CollectorRegistry) -> dict[str, Any]:
         analysis_workers_live=Gauge(
             "islwatch_analysis_workers_live",
             "Analysis workers running with their tokenizers loaded (0: nothing is measured)",
+            registry=r,
+        ),
+        fast_path_fallbacks=Counter(
+            "islwatch_fast_path_fallbacks",
+            "Tokenizer loads on which a fast-path shortcut was turned off (slower analysis, same counts), by "
+            "reason (proxy/core/fast.py)",
+            ["reason"],
             registry=r,
         ),
         analysis_errors=Counter(

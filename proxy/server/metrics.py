@@ -34,6 +34,8 @@ from proxy.server.problems import ProblemLog
 from proxy.server.records import AnalysisOutcome, TokenizerReport
 
 log = logging.getLogger("islwatch.metrics")
+# The fast-path fallback reasons already logged by this process (tokenizers_loaded): one line each.
+_FALLBACKS_LOGGED: set[str] = set()
 
 
 def _package_version() -> str:
@@ -64,6 +66,7 @@ class Metrics:
     stream_usage_injections: Counter
     bad_requests: Counter
     analysis_errors: Counter
+    fast_path_fallbacks: Counter
     proxy_errors: Counter
     client_connections: Gauge
     connections_cut: Counter
@@ -250,6 +253,13 @@ class Metrics:
                 log.error("tokenizer for model %s failed to load: %s", r.label, r.error)
                 continue
             self._identity(r.key, r.label, r.identity)
+            for reason in r.fast_path_fallbacks or ():
+                self.fast_path_fallbacks.labels(reason=reason).inc()
+                if reason not in _FALLBACKS_LOGGED:  # once per reason and process: the count says how often
+                    _FALLBACKS_LOGGED.add(reason)
+                    log.warning(
+                        "a fast-path shortcut is off (%s): analysis is slower, counts unchanged", reason
+                    )
             if r.parity_ok is not None:
                 self.parity_ok.labels(model=r.label).set(1 if r.parity_ok else 0)
             log.log(

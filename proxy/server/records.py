@@ -143,10 +143,12 @@ class TokenizerReport:
     probe_ids: list[list[int]] | None = None
     # The chat probe (core/probe_set.py chat_probe): [messages, islwatch's ids, [[kwargs, ids], ...]].
     chat_probe: list[Any] | None = None
+    # Why fast.py's shortcuts are off for this tokenizer (core.fast.FALLBACK_REASONS): slower, same counts.
+    fast_path_fallbacks: list[str] | None = None
 
     def as_row(self) -> list[Any]:
         return [self.key, self.label, self.identity, self.parity_ok, self.parity_summary, self.error,
-                self.probes, self.probe_ids, self.chat_probe]  # fmt: skip
+                self.probes, self.probe_ids, self.chat_probe, self.fast_path_fallbacks]  # fmt: skip
 
     @classmethod
     def from_row(cls, row: list[Any]) -> TokenizerReport:

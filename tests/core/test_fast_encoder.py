@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from proxy.core.count import count, count_request
 from proxy.core.encoders import ReferenceEncoder
 from proxy.core.extract import chat_input
-from proxy.core.fast import FastEncoder, best_encoder
+from proxy.core.fast import FALLBACK_REASONS, FastEncoder, best_encoder
 from proxy.core.tokens import render_chat, render_messages
 from tests.builders import SPECIALS, TEMPLATES, build_tokenizer
 from tests.conftest import FAMILIES, load_builtin, load_shared
@@ -138,7 +138,7 @@ def test_growing_conversation_equal_and_reused(counter: FastEncoder) -> None:
 def test_shared_tokenizers_are_proven(shared_family: str) -> None:
     """Every shared family takes the fast path; a regression to the fallback would be silent otherwise."""
     fc = shared_counter(shared_family)
-    assert fc.direct_proven
+    assert fc.direct_proven and fc.fallbacks == ()
     assert fc.reuse_proven
     assert fc.render_proven  # plain chats take the compiled-template shortcut
 
@@ -220,6 +220,7 @@ def test_tokenizer_without_rust_backend_falls_back() -> None:
     tok = Plain(build_tokenizer("llama3"))
     fc = FastEncoder(tok)
     assert not fc.direct_proven and not fc.reuse_proven
+    assert fc.fallbacks == ()  # no backend is not a fallback: the shortcut never applied
     body = {"messages": turns(3, TEXTS)}
     assert count(fc, "chat", body) == count_request(tok, "chat", body)
 
@@ -303,6 +304,7 @@ def test_render_shortcut_is_proven_at_load() -> None:
     assert render_messages(skewed_tok, messages) != render_messages(tok, messages)
     skewed = FastEncoder(skewed_tok)
     assert not skewed.render_proven
+    assert "render_differs" in skewed.fallbacks  # counted by the server (islwatch_fast_path_fallbacks_total)
     body = {"messages": messages}
     assert count(skewed, "chat", body) == count_request(skewed_tok, "chat", body)
 
@@ -321,3 +323,23 @@ def test_best_encoder_falls_back_to_the_reference() -> None:
 
     assert type(best_encoder(Opaque(build_tokenizer("chatml")))) is ReferenceEncoder
     assert isinstance(best_encoder(build_tokenizer("chatml")), FastEncoder)
+
+
+def test_a_proof_that_raises_is_a_recorded_fallback() -> None:
+    """A shortcut whose proof raises is turned off and says why (the server counts and logs the reason)."""
+    tok = build_tokenizer("chatml")
+
+    class Breaks:
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+            self.chat_template = inner.chat_template
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+        def __call__(self, *a: Any, **k: Any) -> Any:
+            raise RuntimeError("a tokenizer bug")
+
+    broken = Breaks(tok)
+    fc = best_encoder(broken)
+    assert "direct_raised" in fc.fallbacks and set(fc.fallbacks) <= set(FALLBACK_REASONS)

@@ -65,6 +65,7 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "islwatch_server_parity_ok": frozenset({"model"}),
     "islwatch_build_info": frozenset({"version"}),
     "islwatch_dependency_info": frozenset({"library", "version", "tested"}),
+    "islwatch_fast_path_fallbacks_total": frozenset({"reason"}),
     # Client connections (proxy/server/guard.py) and islwatch's own bugs (issue 13).
     "islwatch_client_connections": frozenset(),
     "islwatch_client_connections_cut_total": frozenset({"reason"}),

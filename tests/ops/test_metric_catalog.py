@@ -37,7 +37,10 @@ def populated() -> Metrics:
     metrics.skipped("m", "chat")
     metrics.worker_exited()
     metrics.server_probed("m", True)
-    metrics.tokenizers_loaded([TokenizerReport("", "m", IDENTITY, parity_ok=True, parity_summary="ok")])
+    metrics.tokenizers_loaded(
+        [TokenizerReport("", "m", IDENTITY, True, "ok", fast_path_fallbacks=["render_differs"])]
+    )
+    metrics.dependency_info.labels("aiohttp", "3.14.5", "true").set(1)  # as app.start_servers sets it
     return metrics
 
 
