@@ -39,6 +39,8 @@ const out = {
 const pre = document.createElement('pre'); pre.id = 'measured'; pre.textContent = JSON.stringify(out);
 document.body.appendChild(pre);
 </script>"""
+# mkdocs and Chromium run as processes (~25 s): the whole suite runs these, `pytest -m fast` leaves them out.
+pytestmark = pytest.mark.slow
 # src/href attributes of a built page (the measuring copy adds none).
 ASSET = re.compile(r"""\b(?:src|href)="([^"]+)\"""")
 
