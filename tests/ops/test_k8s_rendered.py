@@ -1,6 +1,6 @@
 """`kubectl kustomize deploy/k8s`, rendered as `kubectl apply -k` would send it, checked for what the tests
 prove: the native sidecar, only islwatch's ports in the Service, vLLM bound to loopback, the tested vLLM
-image, and the resource requests the README's sizing gives."""
+image, and the resource requests the documentation's sizing gives (docs/deployment.md)."""
 
 from __future__ import annotations
 
@@ -73,10 +73,11 @@ def test_images_are_the_tested_versions(pod: dict[str, Any]) -> None:
     assert VLLM_IMAGE.endswith("v" + TESTED_VERSIONS["vllm"])
 
 
-def test_resource_requests_are_the_readme_sizing(pod: dict[str, Any]) -> None:
-    sizing = (REPO / "README.md").read_text().split("### Sizing", 1)[1].split("\n### ", 1)[0]
-    m = re.search(r"requests (\d+Mi) .*? with a (\d+Mi) limit, and (\d+m) CPU", sizing, re.S)
-    assert m, "README's Sizing section states the requests"
+def test_resource_requests_are_the_documented_sizing(pod: dict[str, Any]) -> None:
+    page = (REPO / "docs" / "deployment.md").read_text()
+    sizing = page.split("## Sizing", 1)[1].split("\n## ", 1)[0]
+    m = re.search(r"requests (\d+Mi)\s.*?\swith\sa\s(\d+Mi)\slimit,\sand\s(\d+m)\sCPU", sizing, re.S)
+    assert m, "docs/deployment.md's Sizing section states the requests"
     resources = sidecar(pod)["resources"]
     assert resources["requests"] == {"memory": m.group(1), "cpu": m.group(3)}
     assert resources["limits"]["memory"] == m.group(2)

