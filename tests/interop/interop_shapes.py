@@ -1,6 +1,6 @@
 """The request shapes real users send, and where llama-server's count is documented to differ.
 
-`diverges` maps a tokenizer family to the cause (a heading in the README (Tested against llama.cpp), "Divergences"); a shape with
+`diverges` maps a tokenizer family to the cause (a heading in docs/compatibility/llama-cpp.md, "Divergences"); a shape with
 no entry must count exactly. Bodies carry only what shapes the prompt; tests add model, seed and limits.
 """
 
@@ -13,7 +13,7 @@ QWEN = "qwen2.5-instruct"
 LLAMA3 = "llama-3-8b-instruct"
 BOTH = (QWEN, LLAMA3)
 
-# causes (anchors in the README (Tested against llama.cpp))
+# causes (anchors in docs/compatibility/llama-cpp.md)
 NFC = "no-unicode-normalization"
 TOOLS_REBUILT = "tools-rebuilt"
 FLOATS = "floats-printed-as-g"

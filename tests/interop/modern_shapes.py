@@ -1,7 +1,7 @@
 """Chat shapes for llama-server on the modern families (Qwen3, gpt-oss): the interop chat shapes, the agent
 shapes the vLLM oracle runs (tests/vllm_oracle/oracle_shapes.py: reasoning with tool calls, parallel calls,
 5 and 20 rounds, reasoning effort, thinking off, developer role), and one shape per llama.cpp rule that
-core/llama_cpp.py models, each naming it. `status` is llama-server's answer: 200, or the 400 / 500 islwatch
+core/flavors/llama_cpp.py models, each naming it. `status` is llama-server's answer: 200, or the 400 / 500 islwatch
 predicts as `server_would_refuse` / `invalid_body`. Bodies carry only what shapes the prompt.
 """
 

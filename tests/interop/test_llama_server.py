@@ -1,9 +1,9 @@
 """Phase 1: islwatch's counting core against a real llama-server's usage.prompt_tokens, with the real openai
 client, on both tiny models, for every shape in interop_shapes (non-streaming and streaming).
 
-A shape counts exactly, or it is a documented divergence (the README (Tested against llama.cpp)): then islwatch's count differs
-and islwatch's core applied to llama-server's own message preparation (llama_cpp_model) equals the server.
-Either way the test fails if the server's behaviour changes.
+A shape counts exactly, or it is a documented divergence (docs/compatibility/llama-cpp.md): then islwatch's
+count differs and islwatch's core applied to llama-server's own message preparation (llama_cpp_model) equals
+the server. Either way the test fails if the server's behaviour changes.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_nonstream_prompt_tokens(
     cause = shape.diverges.get(family)
     if cause is None:
         assert ours.expected_server == server, f"islwatch {ours.expected_server} != llama-server {server}"
-    else:  # documented in the README (Tested against llama.cpp)#<cause>; if this starts matching, update the docs and the table
+    else:  # documented in docs/compatibility/llama-cpp.md#<cause>; if this starts matching, update the docs and the table
         assert ours.expected_server != server, f"documented divergence {cause} no longer happens"
     if cause == VLLM_REFUSES:  # the default (vLLM) flavor says vLLM answers 400; llama-server answered
         assert ours.fallback_reason == SERVER_REFUSES, ours
@@ -96,7 +96,7 @@ def test_stream_include_usage_prompt_tokens(
 
     assert reported == modelled, "llama-server's streamed usage departs from the documented model"
     cause = shape.diverges.get(family)
-    # A list of prompts streams every prompt's own usage (the README (Tested against llama.cpp)#list-of-prompts-usage-...):
+    # A list of prompts streams every prompt's own usage (docs/compatibility/llama-cpp.md#list-of-prompts-usage-...):
     # their sum is islwatch's count, but a usage parser that keeps only the latest usage sees the last one.
     if cause is None or cause == FIRST_PROMPT:
         assert sum(reported) == ours.expected_server

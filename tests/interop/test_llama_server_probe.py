@@ -2,7 +2,7 @@
 
 With `--server-flavor llama.cpp` islwatch tokenizes as llama-server does (no Unicode normalization), so
 every probe agrees on both models. Under the default vllm flavor the Qwen2.5 tokenizer's NFC normalizer
-sets the decomposed-accent probe apart: the probe reports what the README documents as
+sets the decomposed-accent probe apart: the probe reports what docs/compatibility/llama-cpp.md documents as
 `no-unicode-normalization`, before any request shows it.
 """
 

@@ -1,7 +1,7 @@
 """Phase 2: `islwatch proxy` (the real CLI, a subprocess) in front of a real llama-server.
 
 - Every shape of interop_shapes through the proxy with the openai client, streaming and not: /metrics counts
-  it `exact` (islwatch_isl_match_total{result="exact"}), or `mismatch` where the README (Tested against llama.cpp) documents why.
+  it `exact` (islwatch_isl_match_total{result="exact"}), or `mismatch` where docs/compatibility/llama-cpp.md documents why.
 - The proxy passes llama-server's own behaviour through unchanged: error bodies, the 503 while the model
   loads, the `timings` field, usage on the finish chunk of /v1/completions streams, `data: null` events.
 """

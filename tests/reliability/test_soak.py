@@ -47,7 +47,7 @@ WARMUP_FRACTION = 10  # 1/10 more first: pools, caches and the allocator reach t
 CONCURRENCY = 32
 LLAMA_SOAK = 2_000  # llama-server generates one token per request on one slot: about 150 requests/s
 LLAMA_CONCURRENCY = 16
-# A leak of 1 KB per request would be 20 MB here; the proxy measured well under 1 MB (README figures).
+# A leak of 1 KB per request would be 20 MB here; the proxy measured well under 1 MB (docs/faults.md).
 RSS_GROWTH_MAX = 8 * 1024 * 1024
 VOLATILE_HEADERS = frozenset({b"date", b"connection", b"keep-alive", b"transfer-encoding"})
 PROXY_ERROR = b'{"error":{"message":"islwatch:'
@@ -173,7 +173,7 @@ def session(concurrency: int, fresh: bool = False) -> aiohttp.ClientSession:
 async def direct_answers(base: str, mix: list[Spec], masked: bool) -> dict[str, Fingerprint]:
     """Each spec's direct answer, asked twice: the comparison stands only if the upstream repeats itself.
     A new connection each time: llama-server closes a kept-alive connection after a stream, and a client
-    reusing it races that close (the race the proxy itself retries; README "Bad input and faults")."""
+    reusing it races that close (the race the proxy itself retries; docs/faults.md)."""
     out: dict[str, Fingerprint] = {}
     async with session(1, fresh=True) as s:
         for spec in mix:

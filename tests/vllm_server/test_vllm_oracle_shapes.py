@@ -7,7 +7,7 @@ refusal) and the proxy relays the 400 unanalysed.
 
 tests/vllm_oracle asserts the same of vLLM's in-process preprocessing, shape for shape, on a folder with the
 same model_type, tokenizer files and `vllm serve` flags (checked here): with both green, the live server and
-the oracle agree on every shape (checked directly once: 270 of 270, README "Tested against vLLM"). The
+the oracle agree on every shape (checked directly once: 270 of 270, docs/compatibility/vllm.md). The
 oracles are not asked here: they run, and are stopped, before this directory's tests (their vLLM release is
 their one session-scoped parameter), and starting more would cost 1-2 GB each.
 """

@@ -1,5 +1,5 @@
-"""The request shapes sent to the real vLLM server. Every answered shape must count exactly (README,
-"Tested against vLLM"); `refused` marks a request vLLM answers with a 400, which the proxy relays byte for
+"""The request shapes sent to the real vLLM server. Every answered shape must count exactly
+(docs/compatibility/vllm.md); `refused` marks a request vLLM answers with a 400, which the proxy relays byte for
 byte and does not analyse. Bodies carry only what shapes the prompt; tests add the model and limits.
 """
 
