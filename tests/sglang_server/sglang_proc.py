@@ -10,17 +10,13 @@ from it) and the tokenizer, never weights here.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import selectors
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from tests.vllm_server.vllm_proc import stop as stop_group
+from tests.oracle_pipe import OraclePipe, spawn_oracle
 from tests.vllm_server.vllm_proc import venv_python
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,50 +49,25 @@ class SglangUnavailable(RuntimeError):
     """SGLang is not installed and the install script could not install it (the only reason to skip)."""
 
 
-class OracleFailed(RuntimeError):
-    """The oracle exited or stopped answering (a test failure, never a skip)."""
-
-
 def find_python() -> str:
     return venv_python(INSTALL_SCRIPT, ENV_PYTHON, SglangUnavailable, "SGLang")
-
-
-def _read_line(stream: BinaryIO, proc: subprocess.Popen[bytes], deadline: float, log: Path) -> dict[str, Any]:
-    with selectors.DefaultSelector() as sel:
-        sel.register(stream, selectors.EVENT_READ)
-        if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-            raise OracleFailed(f"the SGLang oracle did not answer in time: {log_tail(log)}")
-    line = stream.readline()
-    if not line:
-        raise OracleFailed(f"the SGLang oracle exited with {proc.wait()}: {log_tail(log)}")
-    answer: dict[str, Any] = json.loads(line)
-    return answer
 
 
 @dataclass
 class Oracle:
     family: str
     model_dir: Path
-    proc: subprocess.Popen[bytes]
-    log_path: Path
+    pipe: OraclePipe
     default_kwargs: dict[str, Any] = field(default_factory=dict)  # its --default-chat-template-kwargs
     version: str = ""
 
     def wait_ready(self) -> None:
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + READY_DEADLINE_SECONDS
-        ready = _read_line(self.proc.stdout, self.proc, deadline, self.log_path)
-        if ready.get("ready") is not True:
-            raise OracleFailed(f"unexpected first line from the SGLang oracle: {ready}")
+        ready = self.pipe.ready(time.monotonic() + READY_DEADLINE_SECONDS)
         self.version = str(ready["version"])
 
     def answer(self, body: dict[str, Any]) -> dict[str, Any]:
         """{"status": 200, "input_ids": [...]} or {"status": 400 | 500, "error": ...}, as SGLang answers."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(body).encode() + b"\n")
-        self.proc.stdin.flush()
-        deadline = time.monotonic() + ANSWER_DEADLINE_SECONDS
-        return _read_line(self.proc.stdout, self.proc, deadline, self.log_path)
+        return self.pipe.ask(body, ANSWER_DEADLINE_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -110,35 +81,13 @@ class Oracles:
 def launch(
     python: str, family: str, model_dir: Path, log_path: Path, default_kwargs: dict[str, Any] | None = None
 ) -> Oracle:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    env.pop("PYTHONPATH", None)  # the venv's own packages only
     flags = list(FAMILIES[family])
     if default_kwargs:
         flags += ["--default-chat-template-kwargs", json.dumps(default_kwargs)]
-    log = open(log_path, "wb")  # noqa: SIM115 - the child owns the handle for its lifetime
-    proc = subprocess.Popen(
-        [python, str(ORACLE), str(model_dir), *flags],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=log,
-        env=env,
-        start_new_session=True,
-    )
-    return Oracle(family, model_dir, proc, log_path, dict(default_kwargs or {}))
+    pipe = spawn_oracle("the SGLang oracle", [python, str(ORACLE), str(model_dir), *flags], log_path, {})
+    return Oracle(family, model_dir, pipe, dict(default_kwargs or {}))
 
 
 def stop(oracle: Oracle) -> None:
     """By pid, with its process group (its interpreter's shutdown after SGLang's imports is slow)."""
-    proc = oracle.proc
-    for stream in (proc.stdin, proc.stdout):
-        with contextlib.suppress(OSError):
-            if stream is not None:
-                stream.close()
-    stop_group(proc)
-
-
-def log_tail(log_path: Path, lines: int = 8) -> str:
-    try:
-        return " | ".join(log_path.read_text(errors="replace").strip().splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+    oracle.pipe.stop()

@@ -19,19 +19,16 @@ keyed by their content.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import selectors
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from tests.vllm_server.vllm_proc import log_tail
-from tests.vllm_server.vllm_proc import stop as stop_group
+from tests.oracle_pipe import OraclePipe, spawn_oracle
 
 ORACLE = Path(__file__).with_name("vllm_oracle.py")
 # Guards against a hung child, not timing assertions: imports, then each folder (~30 s on an idle core).
@@ -111,10 +108,6 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-class OracleFailed(RuntimeError):
-    """The oracle exited or stopped answering (a test failure, never a skip)."""
-
-
 def mistral_common_data() -> Path:
     import mistral_common
 
@@ -162,46 +155,30 @@ def model_folder(cache: Path, family: str, shared: Path) -> Path:
     return out
 
 
-def _read_line(stream: BinaryIO, proc: subprocess.Popen[bytes], deadline: float, log: Path) -> dict[str, Any]:
-    with selectors.DefaultSelector() as sel:
-        sel.register(stream, selectors.EVENT_READ)
-        if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-            raise OracleFailed(f"the vLLM oracle did not answer in time: {log_tail(log)}")
-    line = stream.readline()
-    if not line:
-        raise OracleFailed(f"the vLLM oracle exited with {proc.wait()}: {log_tail(log)}")
-    answer: dict[str, Any] = json.loads(line)
-    return answer
-
-
 @dataclass
 class OracleProcess:
     """One oracle subprocess serving one or more families' folders."""
 
     folders: dict[str, Path]  # family -> model folder
-    proc: subprocess.Popen[bytes]
-    log_path: Path
+    pipe: OraclePipe
     version: str = ""
     started: float = field(default_factory=time.monotonic)
     ready_seconds: float = 0.0  # reported at the end of the run (conftest), never asserted
     seconds: dict[str, float] = field(default_factory=dict)  # the oracle's own: imports, each folder's build
 
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.pipe.proc
+
     def wait_ready(self) -> None:
-        assert self.proc.stdout is not None
         budget = READY_DEADLINE_SECONDS + READY_DEADLINE_PER_FOLDER_SECONDS * len(self.folders)
-        ready = _read_line(self.proc.stdout, self.proc, self.started + budget, self.log_path)
-        if ready.get("ready") is not True:
-            raise OracleFailed(f"unexpected first line from the vLLM oracle: {ready}")
+        ready = self.pipe.ready(self.started + budget)
         self.version = str(ready["version"])
         self.seconds = dict(ready.get("seconds", {}))
         self.ready_seconds = time.monotonic() - self.started
 
     def ask(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"endpoint": endpoint, "body": body}).encode() + b"\n")
-        self.proc.stdin.flush()
-        deadline = time.monotonic() + ANSWER_DEADLINE_SECONDS
-        return _read_line(self.proc.stdout, self.proc, deadline, self.log_path)
+        return self.pipe.ask({"endpoint": endpoint, "body": body}, ANSWER_DEADLINE_SECONDS)
 
 
 @dataclass
@@ -235,26 +212,12 @@ def launch(python: str, folders: dict[str, Path], log_path: Path, env: dict[str,
     argv: list[str] = []
     for family, folder in folders.items():
         argv += [*(["--and"] if argv else []), str(folder), *FAMILIES[family].serve]
-    env = {**os.environ, **env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    env["VLLM_TARGET_DEVICE"] = "cpu"
-    env.pop("PYTHONPATH", None)  # the venv's own packages only
-    log = open(log_path, "wb")  # noqa: SIM115 - the child owns the handle for its lifetime
-    proc = subprocess.Popen(
-        [python, str(ORACLE), *argv],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=log,
-        env=env,
-        start_new_session=True,
+    pipe = spawn_oracle(
+        "the vLLM oracle", [python, str(ORACLE), *argv], log_path, {**env, "VLLM_TARGET_DEVICE": "cpu"}
     )
-    return OracleProcess(dict(folders), proc, log_path)
+    return OracleProcess(dict(folders), pipe)
 
 
 def stop(process: OracleProcess) -> None:
     """By pid, with its process group."""
-    proc = process.proc
-    for stream in (proc.stdin, proc.stdout):
-        with contextlib.suppress(OSError):
-            if stream is not None:
-                stream.close()
-    stop_group(proc)
+    process.pipe.stop()
