@@ -13,12 +13,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from proxy.runtime import children
 from proxy.runtime.children import free_port
 from tests.eventually import eventually
 from tests.interop.llama_server_proc import ServerFailed, log_tail
+from tests.server.helpers import parse_metrics
 
 # A guard against a hung start, not a timing assertion.
 START_DEADLINE_SECONDS = 60.0
@@ -89,12 +88,8 @@ def wait_ready(proc: subprocess.Popen[bytes], proxy: Proxy) -> None:
 def scrape(proxy: Proxy) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of /metrics, keyed by (name, sorted labels)."""
     with urllib.request.urlopen(proxy.metrics_url, timeout=10) as resp:
-        text = resp.read().decode()
-    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
+        samples = parse_metrics(resp.read().decode())
+    return {(name, tuple(sorted(labels))): value for (name, labels), value in samples.items()}
 
 
 def match_counts(proxy: Proxy, endpoint: str) -> dict[str, float]:

@@ -9,9 +9,8 @@ import threading
 import urllib.request
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from tests.eventually import eventually
+from tests.server.helpers import parse_metrics
 
 DEMO = [sys.executable, "-m", "proxy.cli", "demo", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]
 TIMEOUT_S = 300
@@ -88,9 +87,4 @@ def metrics_url(stdout: str) -> str:
 def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """Every sample of the proxy's /metrics, by name and labels (model and endpoint included)."""
     with urllib.request.urlopen(url, timeout=5) as resp:
-        text = resp.read().decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+        return parse_metrics(resp.read().decode())
