@@ -73,6 +73,17 @@ def analysis_section(d: dict[str, Any]) -> list[str]:
                 f"{s.get('last_tokens', '-')}, {_f(lm.get('fast'), '.1f')} / {_f(lm.get('raw'), '.1f')} | "
                 f"{f['reuse_proven']} | {s['mismatches']} |"
             )
+    refused = [
+        (fam, shape, why)
+        for fam, f in d["families"].items()
+        for shape, why in f.get("refused_shapes", {}).items()
+    ]
+    if refused:
+        out += [
+            "",
+            "Not counted: shapes the family's chat template refuses (the server answers 400 to them too):",
+        ]
+        out += [f"- {fam}, {shape}: {why}" for fam, shape, why in refused]
     return [*out, ""]
 
 
