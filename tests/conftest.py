@@ -68,6 +68,28 @@ def shared_tok(shared_family: str) -> Any:
     return load_shared(shared_family).tokenizer
 
 
+# The test lanes. `pytest -m fast`: what needs no real server (llama-server, vLLM, SGLang, Prometheus) and is
+# not marked slow, for the development loop; `pytest`: the whole suite, as CI runs it. Marked here, once per
+# test, so a test is fast unless it says otherwise or sits in a folder of live servers.
+TESTS = Path(__file__).resolve().parent
+SERVER_FOLDERS = frozenset({"interop", "sglang_server", "vllm_oracle", "vllm_server", "vllm_vision"})
+NOT_FAST = ("llama_server", "vllm", "sglang", "prometheus", "slow")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """`-m fast` does not even import the live-server folders (their modules load vLLM's and SGLang's
+    shapes); None: pytest decides as usual."""
+    if config.getoption("markexpr") != "fast" or not collection_path.is_dir():
+        return None
+    return (collection_path.resolve().parent == TESTS and collection_path.name in SERVER_FOLDERS) or None
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    folder = item.path.resolve().relative_to(TESTS).parts[0]
+    if folder not in SERVER_FOLDERS and not any(item.get_closest_marker(m) for m in NOT_FAST):
+        item.add_marker(pytest.mark.fast)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """One test folder after another, each in the order pytest chose for it. pytest groups tests by the params

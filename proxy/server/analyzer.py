@@ -21,7 +21,8 @@ from proxy.core.diagnose import DriftProfile, classify
 from proxy.core.images import COUNTED, UNMODELED, ImageModel
 from proxy.core.model import ServedModel, load_served_model, profile_of
 from proxy.core.parity_gate import startup_self_check
-from proxy.core.probe_set import our_ids, probes
+from proxy.core.probe_set import chat_probe, our_ids, probes
+from proxy.core.renderers import JINJA
 from proxy.core.renderers.mistral import MistralLoadError
 from proxy.core.tokenizer import TokenizerLoadError
 from proxy.core.vision import image_model_for
@@ -125,6 +126,10 @@ class Analyzer:
                 continue
             check = startup_self_check(model.tokenizer)
             probe_set = probes(model.tokenizer)
+            # Harmony and mistral-common render no template: /tokenize's chat would not be islwatch's render
+            chat = None
+            if model.renderer == JINJA:
+                chat = chat_probe(model.tokenizer, model.settings.default_chat_template_kwargs)
             reports.append(
                 TokenizerReport(
                     key,
@@ -134,6 +139,7 @@ class Analyzer:
                     check.summary,
                     probes=[[p.name, p.text] for p in probe_set],
                     probe_ids=our_ids(model.tokenizer, probe_set),
+                    chat_probe=None if chat is None else [chat.messages, chat.ours, chat.variants],
                     fast_path_fallbacks=sorted(
                         {
                             *getattr(model.encoder, "fallbacks", ()),

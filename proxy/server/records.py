@@ -81,7 +81,7 @@ class AnalysisJob:
     parsed: Any = None
     server_tokens: int | None = None  # from the SSE parser on the response path
     server_usage: Usage | None = None  # the whole usage that parser read (server_tokens is its prompt count)
-    response_json: bytes | None = None  # a JSON response (or its tail) for the worker to read usage from
+    response_json: bytes | None = None  # a JSON response (or its top-level usage) for the worker to read
     streamed: bool = False  # the response was an event stream
     memo_key: str | None = None  # memo.py: the outcome is kept under this key (echoed by the worker)
 

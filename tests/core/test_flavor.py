@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import json
 
-from proxy.core.flavor import (
-    cpp_number,
-    flavored_tokenizer,
-    llama_cpp_chat_body,
-    prepare_body,
-    reported_prompt_tokens,
-)
-
 from proxy.core.count import count_request
+from proxy.core.flavors import flavor_named
+from proxy.core.flavors.llama_cpp import cpp_number, llama_cpp_chat_body, reported_prompt_tokens
 from proxy.core.usage import SSEUsageParser
 from tests.builders import build_tokenizer
 from tests.conftest import load_shared
@@ -23,14 +17,13 @@ PREFILL = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant",
 def test_final_assistant_message_is_continued() -> None:
     tok = build_tokenizer("chatml")
     vllm = count_request(tok, "chat", PREFILL).templated
-    cpp = count_request(tok, "chat", prepare_body("llama.cpp", "chat", PREFILL)).templated
+    cpp = count_request(tok, "chat", llama_cpp_chat_body(PREFILL)).templated
     closed_and_opened = len(tok("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"])
     assert vllm - cpp == closed_and_opened
     # oaicompat_chat_params_parse: an explicit false is no continuation, and --prefill-assistant then
     # continues the final assistant message anyway (checked live in tests/interop).
     explicit = {**PREFILL, "continue_final_message": False}
     assert llama_cpp_chat_body(explicit)["continue_final_message"] is True
-    assert prepare_body("vllm", "chat", PREFILL) is PREFILL
 
 
 def test_tools_rebuilt_and_floats_as_printf_g() -> None:
@@ -61,25 +54,24 @@ def test_tools_rebuilt_and_floats_as_printf_g() -> None:
 
 def test_no_unicode_normalization_on_qwen() -> None:
     tok = load_shared("qwen2.5-instruct").tokenizer
-    cpp = flavored_tokenizer(tok, "llama.cpp")
+    cpp = flavor_named("llama.cpp").served_tokenizer(tok)
     decomposed = "Ame\u0301lie cafe\u0301"
     assert len(cpp(decomposed)["input_ids"]) > len(tok(decomposed)["input_ids"])
     assert cpp("plain ascii")["input_ids"] == tok("plain ascii")["input_ids"]
-    assert flavored_tokenizer(tok, "vllm") is tok
+    assert flavor_named("vllm").served_tokenizer(tok) is tok
 
 
 def test_sentencepiece_normalizer_is_kept() -> None:
     tok = load_shared("mistral-7b-instruct-v0.1").tokenizer
-    cpp = flavored_tokenizer(tok, "llama.cpp")
+    cpp = flavor_named("llama.cpp").served_tokenizer(tok)
     text = "Hello  world, café"
     assert cpp(text)["input_ids"] == tok(text)["input_ids"]
 
 
 def test_nonstreamed_prompt_list_reports_first_prompt() -> None:
-    assert reported_prompt_tokens("llama.cpp", "completions", (3, 5), streamed=False) == 3
-    assert reported_prompt_tokens("llama.cpp", "completions", (3, 5), streamed=True) is None
-    assert reported_prompt_tokens("vllm", "completions", (3, 5), streamed=False) is None
-    assert reported_prompt_tokens("llama.cpp", "completions", (3,), streamed=False) is None
+    assert reported_prompt_tokens("completions", (3, 5), streamed=False) == 3
+    assert reported_prompt_tokens("completions", (3, 5), streamed=True) is None
+    assert reported_prompt_tokens("completions", (3,), streamed=False) is None
 
 
 def _event(obj: object) -> bytes:

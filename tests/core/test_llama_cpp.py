@@ -1,4 +1,4 @@
-"""core/llama_cpp.py: llama-server's request preparation on the modern families, offline.
+"""core/flavors/llama_cpp.py: llama-server's request preparation on the modern families, offline.
 
 The expected prompts are llama-server's own, from its `/apply-template` (llama.cpp 0.5.0-dev, commit 0c1e570,
 serving the tiny GGUFs of scripts/build_tiny_gguf.sh); gpt-oss's date line is the server's clock, compared
@@ -12,12 +12,18 @@ from functools import cache
 from typing import Any
 
 import pytest
-from proxy.core.flavor import count_as, flavored_tokenizer
-from proxy.core.llama_cpp import FAILS, REFUSES, LlamaCppEncoder, llama_cpp_chat_body, patched_template
 
 from proxy.core.count import INVALID_BODY, SERVER_REFUSES
 from proxy.core.encoders import ReferenceEncoder
 from proxy.core.extract import chat_input
+from proxy.core.flavors import flavor_named
+from proxy.core.flavors.llama_cpp import (
+    FAILS,
+    REFUSES,
+    LlamaCppEncoder,
+    llama_cpp_chat_body,
+    patched_template,
+)
 from proxy.core.messages import InvalidBody, ServerRefuses
 from tests.conftest import load_shared
 
@@ -87,7 +93,7 @@ BODIES = {"prefill": PREFILL, "prefill_reasoning": PREFILL_REASONING, "tool_turn
 @cache
 def served(family: str) -> Any:
     """The tokenizer as the llama.cpp flavor serves it (a copy: made once per family)."""
-    return flavored_tokenizer(load_shared(family).tokenizer, "llama.cpp")
+    return flavor_named("llama.cpp").served_tokenizer(load_shared(family).tokenizer)
 
 
 def rendered(family: str, body: dict[str, Any]) -> str:
@@ -165,7 +171,10 @@ def test_refusals(body: dict[str, Any]) -> None:
     with pytest.raises(ServerRefuses, match=f"^{re.escape(REFUSES)}"):
         llama_cpp_chat_body(body)
     tok = served("qwen3")
-    assert count_as("llama.cpp", ReferenceEncoder(tok), "chat", body, False).fallback_reason == SERVER_REFUSES
+    assert (
+        flavor_named("llama.cpp").count(ReferenceEncoder(tok), "chat", body, False).fallback_reason
+        == SERVER_REFUSES
+    )
 
 
 def test_arguments_that_are_not_json() -> None:
@@ -176,9 +185,9 @@ def test_arguments_that_are_not_json() -> None:
     body = {**TOOL_TURN, "messages": [USER, turn, result]}
     with pytest.raises(InvalidBody, match=f"^{re.escape(FAILS)}"):
         llama_cpp_chat_body(body, served("qwen3").chat_template)
-    assert count_as("llama.cpp", ReferenceEncoder(served("qwen3")), "chat", body, False).fallback_reason == (
-        INVALID_BODY
-    )
+    assert flavor_named("llama.cpp").count(
+        ReferenceEncoder(served("qwen3")), "chat", body, False
+    ).fallback_reason == (INVALID_BODY)
     llama3 = load_shared("llama-3-8b-instruct").tokenizer.chat_template
     assert (
         llama_cpp_chat_body(body, llama3)["messages"][1]["tool_calls"][0]["function"]["arguments"]

@@ -3,7 +3,7 @@
 oracle_shapes.py, imported: reasoning with tool calls, parallel calls, long loops, reasoning effort, thinking
 off, developer role), the same agent traffic as SGLang clients send it (reasoning as `reasoning_content`, the
 only reasoning field of SGLang's message model), plus shapes for the rules where SGLang departs from vLLM
-(proxy/core/sglang.py). `REFUSED_BY_SGLANG` names the shapes SGLang 0.5.23 answers with a 400 or 500 on every
+(proxy/core/flavors/sglang.py). `REFUSED_BY_SGLANG` names the shapes SGLang 0.5.23 answers with a 400 or 500 on every
 family; `REFUSED_BY_FAMILY` those one family's chat template (or SGLang's handling of the model) refuses.
 """
 

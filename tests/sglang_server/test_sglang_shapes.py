@@ -95,7 +95,8 @@ def test_the_default_vllm_flavor_is_off_where_sglang_departs(oracle: Oracle, enc
 
 
 CLI_SHAPES = [s for s in SHAPES if s.name in ("continue_final_message_spaces", "unknown_role")]
-CLI_FAMILY = "qwen3"  # the command's plumbing, once (a process start each): the flavor is checked on all above
+# The command's plumbing, once (a process start each): the flavor is checked on all the shapes above.
+CLI_FAMILY = "qwen3"
 
 
 @pytest.mark.parametrize("shape", CLI_SHAPES, ids=[s.name for s in CLI_SHAPES])

@@ -37,6 +37,12 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "qwen3": ("qwen3", (*TOOLS, "hermes", "--reasoning-parser", "qwen3")),
     "llama-3.1": ("llama", (*TOOLS, "llama3_json")),
 }
+# Each served family's architecture: the chat families', and Qwen2.5's, served for embeddings only
+# (conftest.py EMBED_FAMILY).
+ARCHITECTURES: dict[str, str] = {
+    **{f: arch for f, (arch, _) in FAMILIES.items()},
+    "qwen2.5-instruct": "qwen2",
+}
 # The server parity probe's differing server (test_vllm_probe.py): the Llama 3.1 server behind a proxy given
 # another family's tokenizer, DeepSeek-V3's, which tokenizes the probe texts otherwise.
 PROBE_SERVER = "llama-3.1"
@@ -115,7 +121,7 @@ def vllm_version(python: str) -> str:
 
 def tiny_model(python: str, tokenizer_dir: Path, family: str) -> Path:
     """The tiny model for a family, built once (keyed by the tokenizer files' content)."""
-    arch, _ = FAMILIES[family]
+    arch = ARCHITECTURES[family]
     digest = hashlib.sha256()
     for f in sorted(tokenizer_dir.iterdir()):
         digest.update(f.name.encode() + b"\0" + f.read_bytes())
@@ -134,7 +140,6 @@ def launch(python: str, server: VllmServer) -> subprocess.Popen[bytes]:
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", server.model]
     cmd += ["--host", "127.0.0.1", "--port", str(server.port), "--enforce-eager", "--dtype", "float32"]
     cmd += ["--max-model-len", "4096"]
-    flags = FAMILIES[server.family][1]
     if server.family == BILLED_FAMILY and not server.embedding:
         # The server the bill tests read (test_vllm_bill.py): its /metrics counters need the stats loggers
         # (`--disable-log-stats` removes them: vllm/v1/engine/async_llm.py), its usage the cached tokens, and
@@ -146,7 +151,7 @@ def launch(python: str, server: VllmServer) -> subprocess.Popen[bytes]:
     if server.embedding:
         cmd += ["--convert", "embed"]
     else:
-        cmd += flags
+        cmd += FAMILIES[server.family][1]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("PYTHONPATH", None)  # the venv's own packages only
     log = open(server.log_path, "wb")  # noqa: SIM115 - the child owns the handle for its lifetime
