@@ -28,19 +28,7 @@ python3.11 -m venv "$VENV"
 # (torch and torchvision are pinned below; torchaudio and torchcodec are CUDA builds text serving never loads.)
 GPU_ONLY='^(cuda-python|flash-attn-4|flashinfer[-_]python|humming-kernels|nvidia-.*|nvshmem4py-.*|quack-kernels'
 GPU_ONLY+='|sgl-.*|sglang-kernel|tilelang|torch[-_]memory[-_]saver|torchaudio|torchcodec|torch|torchvision)$'
-"$PY" - "$GPU_ONLY" >"$VENV/requirements.txt" <<'EOF'
-import re, sys
-from importlib.metadata import requires
-from pip._vendor.packaging.requirements import Requirement
-
-skip = re.compile(sys.argv[1], re.I)
-for line in requires("sglang") or []:
-    req = Requirement(line)
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-        continue
-    if not skip.match(req.name):
-        print(str(req).split(";")[0].strip())
-EOF
+"$PY" "$(dirname "$0")/requirements_less.py" sglang "$GPU_ONLY" >"$VENV/requirements.txt"
 # --no-warn-conflicts: pip would list every GPU-only requirement left out as missing.
 "$PY" -m pip install -q --no-warn-conflicts -r "$VENV/requirements.txt" dill datasets \
   "torch==2.14.1" "torchvision==0.29.1" >&2

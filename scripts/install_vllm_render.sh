@@ -29,19 +29,7 @@ python3.11 -m venv "$VENV"
 "$PY" -m pip install -q --no-deps "vllm==$VERSION" >&2
 GPU_ONLY='^(apache-tvm-ffi|fastsafetensors|flashinfer[-_]python|humming-kernels|instanttensor|nvidia-.*|nvtx'
 GPU_ONLY+='|pynvvideocodec|quack-kernels|tilelang|tokenspeed-mla|torch|torchaudio|torchcodec|torchvision)$'
-"$PY" - "$GPU_ONLY" >"$VENV/requirements.txt" <<'EOF'
-import re, sys
-from importlib.metadata import requires
-from pip._vendor.packaging.requirements import Requirement
-
-skip = re.compile(sys.argv[1], re.I)
-for line in requires("vllm") or []:
-    req = Requirement(line)
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-        continue
-    if not skip.match(req.name):
-        print(str(req).split(";")[0].strip())
-EOF
+"$PY" "$(dirname "$0")/requirements_less.py" vllm "$GPU_ONLY" >"$VENV/requirements.txt"
 # --no-warn-conflicts: pip would list every GPU-only requirement left out, and vllm's torch pin, as unmet.
 "$PY" -m pip install -q --no-warn-conflicts -r "$VENV/requirements.txt" "torch==$TORCH" >&2
 # triton (1 GB) comes with xgrammar; without a GPU vLLM never uses it (vllm/triton_utils: HAS_TRITON is false
