@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
-from loadgen.cli_options import source_options
+from loadgen.cli_options import merge_options, shard_options, source_options
 from loadgen.workload.markers import CacheBust
 from proxy.core.endpoints import Endpoint
 from proxy.core.specs import DEFAULT_TOKENIZER
@@ -31,10 +32,15 @@ def configure(p: argparse.ArgumentParser) -> None:
     _load_options(p)
     _output_options(p)
     source_options(p)  # loadgen/cli_options.py: datasets, traces, ramps, sweeps, SLOs, HTML and CSV
+    shard_options(p)
+    # `islwatch loadgen merge DIR...`; --url is then not needed, so run() checks it rather than argparse.
+    sub = p.add_subparsers(dest="loadgen_command", metavar="merge",
+                           help="`islwatch loadgen merge DIR...`: one report from the shards' records")  # fmt: skip
+    merge_options(sub.add_parser("merge", help="one report from the records of a run's shards"))
 
 
 def _workload_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", required=True, help="base URL of the server or islwatch proxy")
+    p.add_argument("--url", help="base URL of the server or islwatch proxy (required to send)")
     p.add_argument("--model", default="default", help="the request's model field (default: default)")
     p.add_argument(
         "--tokenizer", default=DEFAULT_TOKENIZER, help=f"PATH_OR_ID[@REV] (default {DEFAULT_TOKENIZER})"
@@ -94,6 +100,13 @@ def _output_options(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "loadgen_command", None) == "merge":
+        from loadgen.launch import merge_args
+
+        return merge_args(args)
+    if args.url is None:
+        print("islwatch loadgen: the following arguments are required: --url", file=sys.stderr)
+        return 2
     from loadgen.launch import run_args  # the tokenizer, pydantic and rich: only when there is work to do
 
     return run_args(args)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.load_checks import parse_pairs, parse_values
+from loadgen.shards import parse_shard
 
 
 def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -52,3 +53,29 @@ def source_options(p: argparse.ArgumentParser) -> None:
     r = p.add_argument_group("reports")
     r.add_argument("--html", type=Path, help="write a self-contained HTML report (inline SVG charts)")
     r.add_argument("--csv", type=Path, help="write one CSV row per request")
+
+
+def _shard(text: str) -> str:
+    parse_shard(text)
+    return text.strip()
+
+
+def shard_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("many clients, one run (`islwatch loadgen merge`)")
+    g.add_argument(
+        "--shard", type=_typed(_shard), metavar="I/N",
+        help="send part I (0..N-1) of the run, the rest by N-1 other clients with the same flags and --run-id",
+    )  # fmt: skip
+    g.add_argument(
+        "--run-dir", type=Path, metavar="DIR",
+        help="write this shard's records, setup and clock into DIR/shard-I-of-N/ for `islwatch loadgen merge`",
+    )  # fmt: skip
+
+
+def merge_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dirs", nargs="+", type=Path, metavar="DIR",
+                   help="a shard's folder, or a --run-dir holding shard folders")  # fmt: skip
+    p.add_argument("--output", type=Path, help="write the merged report as JSON")
+    p.add_argument("--records", type=Path, help="write every shard's records, one JSON line per request")
+    p.add_argument("--html", type=Path, help="write a self-contained HTML report (inline SVG charts)")
+    p.add_argument("--csv", type=Path, help="write one CSV row per request")

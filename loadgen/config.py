@@ -45,12 +45,15 @@ class LoadgenConfig(BaseModel):
     ignore_eos: bool = False
     seed: int = 0
     workers: int = Field(default=1, ge=1)
+    # `--shard I/N`: this client is part I of a run of N clients (loadgen/shards.py says how they split it).
+    shard: str | None = Field(default=None, pattern=r"^[0-9]+/[1-9][0-9]*$")
     timeout_seconds: float = Field(default=600.0, gt=0)
     api_key: str | None = None
     proxy_metrics_url: str | None = None
     output: Path | None = None
     records: Path | None = None
     run_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
+    run_dir: Path | None = None  # records, setup and clock of this shard, for `islwatch loadgen merge`
     # Workload sources, SLOs, sweeps and extra reports (loadgen/load_checks.py says what combines).
     dataset: Path | None = None
     trace: Path | None = None
@@ -69,6 +72,19 @@ class LoadgenConfig(BaseModel):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    @property
+    def shard_index(self) -> int:
+        return int(self.shard.split("/")[0]) if self.shard else 0
+
+    @property
+    def shard_count(self) -> int:
+        return int(self.shard.split("/")[1]) if self.shard else 1
+
+    @property
+    def senders(self) -> int:
+        """Sending processes in the whole run: every shard's --workers."""
+        return self.shard_count * self.workers
 
     @property
     def endpoint_url(self) -> str:
@@ -106,10 +122,27 @@ def contradictions(c: LoadgenConfig) -> list[str]:
             f"--shared-system-prompt-length {c.shared_system_prompt_length} leaves no room in --isl {c.isl}: "
             "the first request's templated count (system prompt included) is the ISL"
         )
-    if c.request_count is not None and c.request_count < c.workers:
-        out.append(f"--request-count {c.request_count} is smaller than --workers {c.workers}")
-    if c.concurrency is not None and c.concurrency < c.workers:
-        out.append(f"--concurrency {c.concurrency} is smaller than --workers {c.workers}")
+    senders = f"--workers {c.workers}" if c.shard is None else f"{c.senders} senders (shards x --workers)"
+    if c.request_count is not None and c.request_count < c.senders:
+        out.append(f"--request-count {c.request_count} is smaller than {senders}")
+    if c.concurrency is not None and c.concurrency < c.senders:
+        out.append(f"--concurrency {c.concurrency} is smaller than {senders}")
+    out += shard_contradictions(c)
     if c.isl_stddev and c.isl_stddev >= c.isl:
         out.append("--isl-stddev must be smaller than --isl")
+    return out
+
+
+def shard_contradictions(c: LoadgenConfig) -> list[str]:
+    out = []
+    if c.run_dir is not None and c.sweep:
+        out.append("--run-dir holds one run's records, not a --sweep's")
+    if c.shard is None:
+        return out
+    if c.shard_index >= c.shard_count:
+        out.append(f"--shard {c.shard}: the index counts from 0 to {c.shard_count - 1}")
+    if "run_id" not in c.model_fields_set:
+        out.append("--shard needs --run-id: every shard marks and names the same run")
+    if c.sweep:
+        out.append("--shard sends one run, not a --sweep")
     return out

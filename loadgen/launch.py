@@ -15,6 +15,7 @@ from rich.console import Console
 from loadgen.config import LoadgenConfig
 from loadgen.report.model import LoadgenReport
 from loadgen.report.outputs import print_goodput, write_outputs
+from loadgen.report.shard_dir import read_clock, write_shard
 from loadgen.report.sweep import run_sweep
 from loadgen.report.table import print_overhead, print_report
 from loadgen.send.orchestrate import prepare, run_config
@@ -50,10 +51,14 @@ def run_loadgen(cfg: LoadgenConfig, console: Console) -> tuple[int, LoadgenRepor
         return 2, None
     landing = prepared.workload.landing.value
     print_overhead(console, prepared.overhead, landing)
+    clock = read_clock()  # wall vs monotonic, so `loadgen merge` puts shards of many machines on one timeline
     records, report = run_config(prepared.cfg, prepared, console)
     print_report(console, report)
     print_goodput(console, report, cfg.slo_attainment)
     write_outputs(cfg, [(None, records, report)])
+    if cfg.run_dir:
+        folder = write_shard(cfg.run_dir, cfg.shard_index, cfg.shard_count, report, records, clock)
+        console.print(f"shard {cfg.shard_index}/{cfg.shard_count}: records, setup and clock in {folder}")
     return (0 if report.succeeded or not report.requests else 1), report
 
 
@@ -65,3 +70,10 @@ def run_args(args: argparse.Namespace) -> int:
         print(f"islwatch loadgen: {validation_message(exc)}", file=sys.stderr)
         return 2
     return run_loadgen(cfg, console)[0]
+
+
+def merge_args(args: argparse.Namespace) -> int:
+    from loadgen.report.merge import run_merge
+
+    outputs = {k: getattr(args, k) for k in ("output", "records", "html", "csv")}
+    return run_merge(args.dirs, outputs, Console(stderr=False))

@@ -17,6 +17,7 @@ from loadgen.report.goodput import goodput
 from loadgen.report.model import LoadgenReport, Overheads, build_report
 from loadgen.send import proxy_metrics
 from loadgen.send.runner import Engine, Record
+from loadgen.shards import shard_senders, shard_share
 from loadgen.workload.conversations import Workload
 from loadgen.workload.sources import build_workload
 from proxy.core.tokenizer import LoadedTokenizer, load_tokenizer
@@ -67,6 +68,9 @@ def _worker_main(
 
 def send_all(cfg: LoadgenConfig, prepared: Prepared, tick: Callable[[int], None]) -> list[Record]:
     """All records of the run. `tick(done)` is called as measured requests finish."""
+    # A shard's workers are senders shard*workers .. shard*workers + workers - 1 of the whole run's; so N
+    # shards of W workers send exactly what one client of N*W workers would (loadgen/shards.py).
+    first = shard_senders(cfg.shard_index, cfg.shard_count, cfg.workers).start
     if cfg.workers == 1:
         count = 0
 
@@ -76,7 +80,8 @@ def send_all(cfg: LoadgenConfig, prepared: Prepared, tick: Callable[[int], None]
             if count % TICK_EVERY == 0:
                 tick(count)
 
-        records = run_loop(Engine(cfg, prepared.workload, on_done=on_done).run())
+        engine = Engine(cfg, prepared.workload, worker=first, workers=cfg.senders, on_done=on_done)
+        records = run_loop(engine.run())
         tick(count)
         return records
     ctx = mp.get_context("spawn")  # fresh interpreters: no forked event loop or tokenizer threads
@@ -84,7 +89,7 @@ def send_all(cfg: LoadgenConfig, prepared: Prepared, tick: Callable[[int], None]
     procs = [
         ctx.Process(
             target=_worker_main,
-            args=(cfg.model_dump(mode="json"), i, cfg.workers, done, ready, go, out),
+            args=(cfg.model_dump(mode="json"), first + i, cfg.senders, done, ready, go, out),
             daemon=True,
         )
         for i in range(cfg.workers)
@@ -113,11 +118,15 @@ def send_all(cfg: LoadgenConfig, prepared: Prepared, tick: Callable[[int], None]
 
 
 def expected_requests(cfg: LoadgenConfig) -> int | None:
+    """The requests this client sends (a shard: its part), or None when only the run's end tells."""
+    total = None
     if cfg.request_count is not None:
-        return cfg.request_count
-    if cfg.request_rate is not None and cfg.duration is not None:
-        return int(cfg.request_rate * cfg.duration)
-    return None
+        total = cfg.request_count
+    elif cfg.request_rate is not None and cfg.duration is not None:
+        total = int(cfg.request_rate * cfg.duration)
+    if total is None or cfg.shard is None:
+        return total
+    return shard_share(total, cfg.shard_index, cfg.shard_count, cfg.workers)
 
 
 def run_config(

@@ -24,8 +24,8 @@ def build_workload(tok: Any, cfg: LoadgenConfig) -> tuple[LoadgenConfig, Workloa
         trace = load_trace(cfg.trace)
         within = records_within(trace, cfg.trace_speedup, cfg.duration)
         n = min(within, cfg.request_count or within)
-        if n < cfg.workers:
-            raise ValueError(f"--trace sends {n} request(s) here, fewer than --workers {cfg.workers}")
+        if n < cfg.senders:
+            raise ValueError(f"--trace sends {n} request(s) here, fewer than its {cfg.senders} sender(s)")
         cfg = cfg.model_copy(update={"request_count": n, "duration": None})
         return cfg, TraceWorkload(tok, cfg, trace)
     return cfg, Workload(tok, cfg)
