@@ -94,12 +94,16 @@ async def test_a_head_trickled_byte_by_byte_is_closed_too() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port_of(urls))
         writer.write(b"GET / HTTP/1.1\r\n")
         trickle = b"".join(b"X-%d: y\r\n" % i for i in range(100))
+        sent = 0
         for byte in trickle:  # the attack's pace, one byte at a time: pacing, not a wait on a state
             if reader.at_eof() or writer.is_closing():
                 break
             writer.write(bytes([byte]))
+            sent += 1
             await asyncio.sleep(SHORT / 20)
         assert await closed_by_proxy(reader) == b""  # no 400: the deadline closed it, not a parser limit
+        # Cut while the head was still arriving: a timer reset by each byte would only fire after the last.
+        assert sent < len(trickle)
         writer.close()
         assert cut(await metrics(urls), "header_timeout") == 1
 
@@ -222,6 +226,27 @@ async def test_at_the_cap_the_connection_waiting_longest_for_a_head_makes_room()
         assert cut(await metrics(urls), "connection_cap") == 0
         for _, writer in (silent, half, third, (busy_reader, busy_writer), *clients):
             writer.close()
+
+
+async def test_a_connection_idle_after_its_request_waits_for_a_head_too() -> None:
+    """A kept-alive connection idle after its answer waits for a head from the end of that request: it is
+    evicted before a half-sent head that began after it, and the new client is answered."""
+    async with proxy(max_connections=2) as (urls, _):
+        idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port_of(urls))
+        idle_writer.write(GET)
+        assert (await response(idle_reader))[0] == 200  # idle from here: the longest waiting
+        half_reader, half_writer = await asyncio.open_connection("127.0.0.1", port_of(urls))
+        half_writer.write(HALF_HEAD)
+        await until_metrics(urls, lambda m: value(m, "islwatch_client_connections") == 2)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(urls))
+        writer.write(GET)
+        assert await closed_by_proxy(idle_reader) == b""
+        assert (await response(reader))[0] == 200
+        assert not half_reader.at_eof()  # still open: the proxy stays at its cap with it
+        m = await metrics(urls)
+        assert cut(m, "evicted") == 1 and cut(m, "connection_cap") == 0
+        for w in (idle_writer, half_writer, writer):
+            w.close()
 
 
 async def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout() -> None:
