@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from loadgen.cli_options import merge_options, shard_options, source_options
+from loadgen.cli_options import agent_options, merge_options, shard_options, source_options
 from loadgen.workload.markers import CacheBust
 from proxy.core.endpoints import Endpoint
 from proxy.core.specs import DEFAULT_TOKENIZER
@@ -32,6 +32,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     _load_options(p)
     _output_options(p)
     source_options(p)  # loadgen/cli_options.py: datasets, traces, ramps, sweeps, SLOs, HTML and CSV
+    agent_options(p)
     shard_options(p)
     # `islwatch loadgen merge DIR...`; --url is then not needed, so run() checks it rather than argparse.
     sub = p.add_subparsers(dest="loadgen_command", metavar="merge",

@@ -79,3 +79,18 @@ def merge_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--records", type=Path, help="write every shard's records, one JSON line per request")
     p.add_argument("--html", type=Path, help="write a self-contained HTML report (inline SVG charts)")
     p.add_argument("--csv", type=Path, help="write one CSV row per request")
+
+
+def agent_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("agent workload (--workload agent)")
+    g.add_argument("--workload", choices=["conversation", "agent"], default="conversation",
+                   help="conversation: user turns (--turns); agent: system + user + rounds of reasoning, tool calls "
+                   "and tool results, each request exactly --isl + rounds x --round-isl tokens")  # fmt: skip
+    g.add_argument(
+        "--agent-rounds", type=int, help="rounds per agent conversation (default 3): rounds + 1 requests"
+    )
+    g.add_argument("--tools", type=int, help="function schemas sent as `tools` (default 4)")
+    g.add_argument("--parallel-calls", type=int, help="most tool calls in one assistant turn (default 2)")
+    g.add_argument("--round-isl", type=int, help="templated tokens each round adds to the request")
+    g.add_argument("--server-flavor", choices=["vllm", "sglang", "llama.cpp"], default="vllm",
+                   help="whose counting the agent budget follows (as the proxy's --server-flavor)")  # fmt: skip

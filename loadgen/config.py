@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from loadgen.load_checks import source_contradictions
+from loadgen.load_checks import agent_contradictions, source_contradictions
 from loadgen.workload.markers import CacheBust
 from proxy.core.endpoints import SHAPES, Endpoint
 from proxy.core.specs import DEFAULT_TOKENIZER
@@ -33,6 +33,13 @@ class LoadgenConfig(BaseModel):
     images: int = Field(default=0, ge=0)
     image_size: str = Field(default="448x448", pattern=r"^[1-9][0-9]*[xX][1-9][0-9]*$")
     mm_processor_kwargs: dict[str, Any] | None = None
+    # `--workload agent` (loadgen/workload/agent.py): system + user + rounds of reasoning, tool calls, results.
+    workload: Literal["conversation", "agent"] = "conversation"
+    agent_rounds: int = Field(default=3, ge=1)
+    tools: int = Field(default=4, ge=1)
+    parallel_calls: int = Field(default=2, ge=1)
+    round_isl: int = Field(default=0, ge=0)
+    server_flavor: Literal["vllm", "sglang", "llama.cpp"] = "vllm"  # whose counting the budget follows
     concurrency: int | None = Field(default=None, ge=1)
     request_rate: float | None = Field(default=None, gt=0)
     arrival: Literal["poisson", "constant", "gamma"] = "poisson"
@@ -97,6 +104,7 @@ class LoadgenConfig(BaseModel):
 def contradictions(c: LoadgenConfig) -> list[str]:
     """Every combination that cannot mean what the user asked for, each as a sentence."""
     out = source_contradictions(c)  # datasets, traces, arrivals, ramps, sweeps, SLOs
+    out += agent_contradictions(c)
     if c.trace is None and (c.concurrency is None) == (c.request_rate is None):
         out.append("give exactly one of --concurrency (closed loop) or --request-rate (open loop)")
     sourced = c.dataset is not None or c.trace is not None  # neither: one pass over the file

@@ -105,3 +105,33 @@ def _slo(c: LoadgenConfig) -> list[str]:
     if streamed and not c.streaming:
         out.append(f"--slo {', '.join(streamed)} needs --streaming (measured on streamed chunks)")
     return out
+
+
+AGENT_FLAGS = {"agent_rounds": "--agent-rounds", "tools": "--tools", "parallel_calls": "--parallel-calls",
+               "round_isl": "--round-isl"}  # fmt: skip
+
+
+def agent_contradictions(c: LoadgenConfig) -> list[str]:
+    """`--workload agent` (loadgen/workload/agent.py) and the flags that only it reads."""
+    if c.workload != "agent":
+        # Values, not the fields set: a worker process validates the whole dumped config again.
+        fields = type(c).model_fields
+        given = [flag for name, flag in AGENT_FLAGS.items() if getattr(c, name) != fields[name].default]
+        return [f"{', '.join(given)} need(s) --workload agent"] if given else []
+    out = []
+    if c.endpoint != "chat":
+        out.append("--workload agent needs --endpoint chat (tool calls and results are chat messages)")
+    if not c.round_isl:
+        out.append("--workload agent needs --round-isl (the templated tokens each round adds)")
+    if c.parallel_calls > c.tools:
+        out.append(f"--parallel-calls {c.parallel_calls} is more than the --tools {c.tools} to call")
+    if c.turns not in (1, c.agent_rounds + 1):  # 1: not given; rounds + 1: set by sources.py
+        out.append("--workload agent sends --agent-rounds + 1 requests per conversation; leave --turns out")
+    for refused, flag in (
+        (c.dataset is not None or c.trace is not None, "--dataset or --trace"),
+        (c.images > 0, "--images"),
+        (c.isl_stddev > 0, "--isl-stddev"),
+    ):
+        if refused:
+            out.append(f"{flag} does not combine with --workload agent")
+    return out

@@ -18,6 +18,7 @@ from html import escape
 from loadgen.report.model import LoadgenReport, Percentiles
 from loadgen.report.svg import Series, bar_chart, cdf_points, chart
 from loadgen.report.sweep import Run, SweepReport
+from loadgen.report.table import TURN_COLUMNS, turn_label, turn_rows
 from loadgen.send.replies import Record
 
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1180px;color:#222}
@@ -143,12 +144,7 @@ def run_section(r: LoadgenReport, records: Sequence[Record], title: str) -> str:
             ("server usage", isl.server_mean, isl.server_exact, isl.server_reported, isl.server_exact_rate, isl.server_error))],
         "isl",
     )  # fmt: skip
-    turns = _table(
-        ["turn", "requests", "ISL added", "target (whole request)", "client exact", "server exact"],
-        [[str(t.turn), str(t.requests), _f(t.turn_isl_mean), _f(t.target_mean), _pct(t.client_exact_rate),
-          _pct(t.server_exact_rate)] for t in r.turns],
-        "turns",
-    )  # fmt: skip
+    turns = _table([turn_label(r), *TURN_COLUMNS], turn_rows(r), "turns")  # target vs achieved per turn
     lat = _table(
         ["", "mean", "p50", "p90", "p99", "max", "n"],
         [_pct_row("end to end", r.latency_ms), _pct_row("time to first token", r.ttft_ms),
@@ -165,7 +161,7 @@ def run_section(r: LoadgenReport, records: Sequence[Record], title: str) -> str:
     return (
         f'<section data-run="{escape(r.run_id)}"><h2>{escape(title)}</h2><p>{escape(line)}</p>{errors}{good}'
         f'<div class="charts">{isl_charts(r, records)}{latency_charts(records)}{timeline_chart(records)}</div>'
-        f"<h3>ISL: target vs achieved</h3>{summary}<h3>per turn</h3>{turns}<h3>latency (ms)</h3>{lat}</section>"
+        f"<h3>ISL: target vs achieved</h3>{summary}<h3>per {turn_label(r)}</h3>{turns}<h3>latency (ms)</h3>{lat}</section>"
     )
 
 

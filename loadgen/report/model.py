@@ -53,6 +53,8 @@ class TurnSummary(BaseModel):
     requests: int
     turn_isl_mean: float
     target_mean: float
+    client_mean: float | None = None  # achieved: the templated count measured on the wire body
+    server_mean: float | None = None  # achieved: the server's usage.prompt_tokens
     client_exact_rate: float | None
     server_exact_rate: float | None
     cache: CacheShare | None = None
@@ -161,6 +163,10 @@ def turn_summaries(records: Sequence[Record]) -> list[TurnSummary]:
                 requests=len(rs),
                 turn_isl_mean=sum(r.turn_isl for r in rs) / len(rs),
                 target_mean=sum(r.target_isl for r in rs) / len(rs),
+                client_mean=_mean([r.client_isl for r in rs if r.client_isl is not None]),
+                server_mean=_mean(
+                    [r.server_prompt_tokens for r in served if r.server_prompt_tokens is not None]
+                ),
                 client_exact_rate=_rate(sum(r.client_isl == r.target_isl for r in rs), len(rs)),
                 server_exact_rate=_rate(
                     sum(r.server_prompt_tokens == r.target_isl for r in served), len(served)

@@ -54,9 +54,14 @@ class Conversation:
 class Workload:
     """Builds budgeted requests for one config and one tokenizer. Deterministic for a (seed, run id)."""
 
-    def __init__(self, tok: Any, cfg: LoadgenConfig, corpus: Corpus | None = None) -> None:
+    def __init__(
+        self, tok: Any, cfg: LoadgenConfig, corpus: Corpus | None = None, *, served: Any = None
+    ) -> None:
         self.tok = tok
         self.cfg = cfg
+        # A ServedModel (core/model.py): counts through the server flavor's path (Harmony, mistral-common,
+        # the processor's template); None: the reference path on `tok` (the Jinja template vLLM renders).
+        self.served = served
         self.corpus = corpus or (text_corpus(tok, cfg.corpus) if cfg.corpus else build_corpus(tok))
         self.landing = landing(cfg.cache_bust, cfg.shared_system_prompt_length > 0)
         self._warned_shape = False
@@ -74,7 +79,10 @@ class Workload:
     # --- counting -------------------------------------------------------------------------------------
     def count(self, body: dict[str, Any]) -> tuple[int | None, str | None]:
         """The ISL of a body as the proxy counts it: templated for chat, plain encode otherwise."""
-        r = count_request(self.tok, self.cfg.endpoint, body, self.images)
+        if self.served is not None and self.images is None:
+            r = self.served.count(self.cfg.endpoint, body)
+        else:
+            r = count_request(self.tok, self.cfg.endpoint, body, self.images)
         # Responses: expected_server, as vLLM encodes that prompt with special tokens (core/extract.py); when
         # the template fails it is only the bare fallback, which the server would not count.
         value = r.templated if self.cfg.endpoint == "chat" else r.expected_server

@@ -3,11 +3,15 @@ reading the file.
 
 A line is `{"messages": [...]}` (chat, responses) or `{"prompt": "..."}` (completions; on chat or responses
 it becomes one user message), with optional `isl` (the whole request's count as the server counts it,
-template included) and `osl` (max_tokens). `--isl` is the ISL of records without one; with neither, the
-record goes out as written and its own count is its target. Other keys are ignored (not sent).
+template included), `osl` (max_tokens) and `tools` (function schemas, sent as the request's `tools`).
+`--isl` is the ISL of records without one; with neither, the record goes out as written and its own count is
+its target. Other keys are ignored (not sent). Agent conversations come in OpenAI's format: assistant
+messages with `tool_calls` and `reasoning_content` (or `reasoning`), `tool` messages with the results; they
+are counted as the server flavor counts them (`--server-flavor`, core/model.py), reasoning and tools included.
 
 Hitting an ISL reuses the synthetic budgeting (loadgen/workload/budget.py): the text slot (the last message's string
-content or its last text part; the prompt) becomes the longest run of its own words, then corpus words,
+content or its last text part, or for a conversation ending on bare tool calls the last text before them;
+the prompt) becomes the longest run of its own words, then corpus words,
 whose measured count of the whole wire body equals the target, so a longer record loses its tail and a
 shorter one gains filler after its text.
 """
@@ -39,6 +43,7 @@ class DatasetRecord:
     prompt: str | None
     isl: int | None
     osl: int | None
+    tools: list[dict[str, Any]] | None = None  # function schemas, sent as the request's `tools`
 
 
 def _count_field(obj: dict[str, Any], key: str, where: str) -> int | None:
@@ -63,7 +68,11 @@ def parse_record(obj: Any, where: str) -> DatasetRecord:
         raise ValueError(f"{where}: messages must be a non-empty list of objects")
     if prompt is not None and not isinstance(prompt, str):
         raise ValueError(f"{where}: prompt must be a string")
-    return DatasetRecord(messages, prompt, _count_field(obj, "isl", where), _count_field(obj, "osl", where))
+    tools = obj.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise ValueError(f"{where}: tools must be a list of objects")
+    isl, osl = _count_field(obj, "isl", where), _count_field(obj, "osl", where)
+    return DatasetRecord(messages, prompt, isl, osl, tools)
 
 
 def load_jsonl(path: Path, flag: str, parse: Callable[[Any, str], T]) -> list[T]:
@@ -96,16 +105,22 @@ def record_index(conversation_id: str) -> int:
 
 
 def _slot(messages: list[dict[str, Any]]) -> tuple[int, int | None, str] | None:
-    """(message index, part index or None, text) of the text an ISL is fitted in: the last message's."""
-    i = len(messages) - 1
-    content = messages[i].get("content")
-    if isinstance(content, str):
-        return i, None, content
-    if isinstance(content, list):
-        for j in range(len(content) - 1, -1, -1):
-            part = content[j]
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                return i, j, part["text"]
+    """(message index, part index or None, text) of the text an ISL is fitted in: the last message's, or
+    in an agent conversation ending on a turn without text (an assistant's bare tool calls) the last text
+    before it (a tool result, the user's message)."""
+    for i in range(len(messages) - 1, -1, -1):
+        content = messages[i].get("content")
+        if isinstance(content, str):
+            return i, None, content
+        if isinstance(content, list):
+            for j in range(len(content) - 1, -1, -1):
+                part = content[j]
+                if (
+                    isinstance(part, dict)
+                    and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)
+                ):
+                    return i, j, part["text"]
     return None
 
 
@@ -113,9 +128,15 @@ class DatasetWorkload(Workload):
     """Requests from dataset records, cycled in file order."""
 
     def __init__(
-        self, tok: Any, cfg: LoadgenConfig, records: list[DatasetRecord], corpus: Corpus | None = None
+        self,
+        tok: Any,
+        cfg: LoadgenConfig,
+        records: list[DatasetRecord],
+        corpus: Corpus | None = None,
+        *,
+        served: Any = None,
     ) -> None:
-        super().__init__(tok, cfg, corpus)
+        super().__init__(tok, cfg, corpus, served=served)
         self.records = records
 
     def start(self, conversation_id: str) -> tuple[Conversation, Request]:
@@ -134,7 +155,7 @@ class DatasetWorkload(Workload):
         return conv, self._finish(conv, target, target, 0, body_for, None, words=words)
 
     def _body_builder(self, rec: DatasetRecord) -> tuple[Callable[[str], dict[str, Any]], str] | None:
-        osl = rec.osl
+        osl, tools = rec.osl, rec.tools
         if self.cfg.endpoint == "completions":
             if rec.prompt is None:
                 return None  # a chat record on completions: refused at load (sources.py)
@@ -151,7 +172,10 @@ class DatasetWorkload(Workload):
                 msgs[i]["content"] = new_text
             else:
                 msgs[i]["content"][j]["text"] = new_text
-            return self._body(msgs, osl)
+            body = self._body(msgs, osl)
+            if tools is not None:
+                body["tools"] = tools
+            return body
 
         return body_for, text
 

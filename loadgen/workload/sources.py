@@ -3,12 +3,19 @@ process) and settles how many requests a run without --request-count/--duration 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from loadgen.config import LoadgenConfig
+from loadgen.workload.agent import AgentWorkload
 from loadgen.workload.conversations import Workload
 from loadgen.workload.dataset import DatasetWorkload, load_dataset
 from loadgen.workload.trace import TraceWorkload, load_trace, records_within
+from proxy.core.flavors import flavor_named
+from proxy.core.model import load_served_model
+from proxy.core.renderers import JINJA
+from proxy.core.server_settings import DEFAULT_SETTINGS
+from proxy.core.templates import PROCESSOR_FILES
 
 
 def build_workload(tok: Any, cfg: LoadgenConfig) -> tuple[LoadgenConfig, Workload]:
@@ -19,7 +26,8 @@ def build_workload(tok: Any, cfg: LoadgenConfig) -> tuple[LoadgenConfig, Workloa
             raise ValueError(f"--dataset {cfg.dataset}: messages records need --endpoint chat or responses")
         if cfg.request_count is None and cfg.duration is None:
             cfg = cfg.model_copy(update={"request_count": len(records)})
-        return cfg, DatasetWorkload(tok, cfg, records)
+        served = served_model(cfg)  # agent records: reasoning and tool calls as the flavor renders them
+        return cfg, DatasetWorkload(tok, cfg, records, served=served)
     if cfg.trace is not None:
         trace = load_trace(cfg.trace)
         within = records_within(trace, cfg.trace_speedup, cfg.duration)
@@ -28,4 +36,25 @@ def build_workload(tok: Any, cfg: LoadgenConfig) -> tuple[LoadgenConfig, Workloa
             raise ValueError(f"--trace sends {n} request(s) here, fewer than its {cfg.senders} sender(s)")
         cfg = cfg.model_copy(update={"request_count": n, "duration": None})
         return cfg, TraceWorkload(tok, cfg, trace)
+    if cfg.workload == "agent":
+        served = served_model(cfg)
+        cfg = cfg.model_copy(update={"turns": cfg.agent_rounds + 1})  # the first request, then each round
+        return cfg, AgentWorkload(tok, cfg, served=served)
     return cfg, Workload(tok, cfg)
+
+
+def served_model(cfg: LoadgenConfig) -> Any:
+    """The tokenizer as `--server-flavor`'s server serves it (core/model.py), where that differs from the
+    Jinja template on `tok` that the workloads count with by default (vLLM's own path for a plain tokenizer
+    folder): Harmony (gpt-oss), mistral-common, a processor's template, another flavor. None: `tok` counts."""
+    folder = Path(cfg.tokenizer)
+    flavor = flavor_named(cfg.server_flavor)
+    if folder.is_dir():
+        plain = flavor.renderer(folder, DEFAULT_SETTINGS) == JINJA and not any(
+            (folder / name).is_file() for name in PROCESSOR_FILES
+        )
+    else:
+        plain = True  # a hub id or builtin: no model folder to read a renderer from
+    if plain and cfg.server_flavor == "vllm":
+        return None
+    return load_served_model(cfg.tokenizer, cfg.server_flavor)
