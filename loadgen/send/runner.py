@@ -16,6 +16,7 @@ from yarl import URL
 
 from loadgen.config import LoadgenConfig
 from loadgen.send.replies import Outcome, Record, StreamTimer, failed, json_outcome
+from loadgen.shards import share
 from loadgen.workload.arrivals import open_loop_offsets, user_starts
 from loadgen.workload.conversations import Conversation, Request, Workload
 from proxy.runtime.heap import few_collections
@@ -72,7 +73,7 @@ class Engine:
 
     # --- shares of the whole run for this worker ---------------------------------------------------------
     def _share(self, total: int) -> int:
-        return total // self.workers + (1 if self.worker < total % self.workers else 0)
+        return share(total, self.worker, self.workers)  # a sender's part (loadgen/shards.py)
 
     def new_conversation(self, prefix: str = "c") -> tuple[Conversation, Request]:
         cid = f"{prefix}{self._next_conv * self.workers + self.worker}"
