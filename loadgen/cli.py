@@ -37,7 +37,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     # `islwatch loadgen merge DIR...`; --url is then not needed, so run() checks it rather than argparse.
     sub = p.add_subparsers(dest="loadgen_command", metavar="merge",
                            help="`islwatch loadgen merge DIR...`: one report from the shards' records")  # fmt: skip
-    merge_options(sub.add_parser("merge", help="one report from the records of a run's shards"))
+    merge_help = "one report from the records of a run's shards (`--shard I/N --run-dir DIR`)"
+    merge_options(sub.add_parser("merge", help=merge_help, description=merge_help))
 
 
 def _workload_options(p: argparse.ArgumentParser) -> None:

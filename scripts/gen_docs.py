@@ -190,11 +190,20 @@ def cli_page() -> str:
             SUBCOMMANDS[name][0][:1].upper() + SUBCOMMANDS[name][0][1:] + ".",
             "",
         ]
-        positionals = [a for a in parser._actions if not a.option_strings and a.help != argparse.SUPPRESS]
-        rows = [(code(a.metavar or a.dest), "", _help(a)) for a in positionals]
-        rows += [(code(_flag(a)), real.get(a.dest, _default(a)), _help(a)) for a in _options(parser)]
-        lines += table(("flag", "default", "meaning"), rows)
+        lines += _flag_table(parser, real)
+        # A subcommand's own subcommands (`islwatch loadgen merge`).
+        for sub_name, sub in _subparsers(parser).items():
+            about = (sub.description or "").rstrip(".")
+            lines += ["", f"### islwatch {name} {sub_name}", "", about[:1].upper() + about[1:] + ".", ""]
+            lines += _flag_table(sub, {})
     return "\n".join(lines) + "\n"
+
+
+def _flag_table(parser: argparse.ArgumentParser, real: dict[str, Any]) -> list[str]:
+    positionals = [a for a in parser._actions if not a.option_strings and a.help != argparse.SUPPRESS]
+    rows = [(code(a.metavar or a.dest), "", _help(a)) for a in positionals]
+    rows += [(code(_flag(a)), real.get(a.dest, _default(a)), _help(a)) for a in _options(parser)]
+    return table(("flag", "default", "meaning"), rows)
 
 
 def _label_values() -> dict[tuple[str, str], tuple[str, ...]]:
