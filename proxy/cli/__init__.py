@@ -50,6 +50,8 @@ def _demo() -> ModuleType:
     return cli
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
 # name -> (help, the module that implements it)
 SUBCOMMANDS: dict[str, tuple[str, Callable[[], ModuleType]]] = {
     "count": ("count the ISL of one request body", _count),
@@ -69,7 +71,7 @@ def _chosen(argv: list[str]) -> str | None:
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; only the chosen subcommand's flags are configured (all of them when `argv` is None)."""
     parser = argparse.ArgumentParser(prog="islwatch", description=__doc__.splitlines()[0])
-    parser.add_argument("--log-level", default=None, help="logging level (default INFO)")
+    parser.add_argument("--log-level", default=None, type=str.upper, help="logging level (default INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
     chosen = None if argv is None else _chosen(argv)
     for name, (help_text, module) in SUBCOMMANDS.items():
@@ -83,7 +85,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if args.log_level is not None and args.log_level not in LOG_LEVELS:
+        # A level logging does not know would raise from logging.basicConfig: a traceback at start.
+        parser.error(f"--log-level: {args.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
     logging.basicConfig(
         level=(args.log_level or "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

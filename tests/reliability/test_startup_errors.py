@@ -23,12 +23,15 @@ UPSTREAM = ["--upstream", "http://127.0.0.1:9"]
 FREE = ["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]
 
 
-def islwatch_proxy(*args: str, cwd: Path | None = None) -> tuple[int, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env = {k: v for k, v in env.items() if not k.startswith("ISLWATCH_")}
+def islwatch_proxy(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, top: tuple[str, ...] = ()
+) -> tuple[int, str]:
+    """`islwatch [top...] proxy args...` with no ISLWATCH_ variable but those in `env`."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ISLWATCH_")}
+    environ.update({"PYTHONPATH": str(ROOT), **(env or {})})
     done = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "proxy", *args], capture_output=True, text=True, env=env,
-        timeout=GUARD_SECONDS, stdin=subprocess.DEVNULL, cwd=cwd,
+        [sys.executable, "-m", "proxy.cli", *top, "proxy", *args], capture_output=True, text=True,
+        env=environ, timeout=GUARD_SECONDS, stdin=subprocess.DEVNULL, cwd=cwd,
     )  # fmt: skip
     return done.returncode, done.stdout + done.stderr
 
@@ -63,10 +66,55 @@ def test_invalid_settings_exit_2_with_the_key(args: list[str], want: str) -> Non
     assert_one_line_error(*islwatch_proxy(*UPSTREAM, *args), 2, want)
 
 
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        ([*FREE], "upstream: required"),
+        (["--model-tokenizer", "no-equals-sign", *UPSTREAM, *FREE], "model_tokenizers"),
+        (["--default-chat-template-kwargs", "{not json", *UPSTREAM, *FREE], "default_chat_template_kwargs"),
+        (["--harmony-start-date", "2025", *UPSTREAM, *FREE], "harmony_start_date"),
+        (["--upstream-metrics-url", "ftp://x", *UPSTREAM, *FREE], "upstream_metrics_url"),
+        (["--upstream-health-path", "health", *UPSTREAM, *FREE], "upstream_health_path"),
+        (["--listen", "no-port", "--admin", "127.0.0.1:0", *UPSTREAM], "listen"),
+        (["--max-connections", "many", *UPSTREAM, *FREE], "--max-connections"),  # argparse's own refusal
+    ],
+)
+def test_other_invalid_values_exit_2_too(args: list[str], want: str) -> None:
+    assert_one_line_error(*islwatch_proxy(*args), 2, want)
+
+
+def test_an_invalid_environment_value_names_its_source() -> None:
+    code, out = islwatch_proxy(*UPSTREAM, *FREE, env={"ISLWATCH_MAX_CONNECTIONS": "many"})
+    assert_one_line_error(code, out, 2, "max_connections")
+    assert "(from environment)" in out
+
+
+def test_an_unknown_log_level() -> None:
+    """`--log-level` is the top-level parser's: an unknown level once raised out of logging.basicConfig."""
+    code, out = islwatch_proxy(*UPSTREAM, *FREE, top=("--log-level", "loud"))
+    assert_one_line_error(code, out, 2, "--log-level")
+
+
 def test_a_config_file_that_is_not_yaml(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("listen: [unclosed\n")
     assert_one_line_error(*islwatch_proxy(*UPSTREAM, *FREE, "--config", str(bad)), 2, "not valid YAML")
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [("- a\n- b\n", "expected a mapping of keys"), ("no_such_key: 1\n", "no_such_key: unknown key")],
+)
+def test_a_config_file_with_the_wrong_shape_or_an_unknown_key(tmp_path: Path, text: str, want: str) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    assert_one_line_error(*islwatch_proxy(*UPSTREAM, *FREE, "--config", str(bad)), 2, want)
+
+
+def test_a_config_file_named_in_the_environment_that_is_missing(tmp_path: Path) -> None:
+    missing = str(tmp_path / "absent.yaml")
+    code, out = islwatch_proxy(*UPSTREAM, *FREE, env={"ISLWATCH_CONFIG": missing})
+    assert_one_line_error(code, out, 2, "config file")
 
 
 def test_an_upstream_that_is_not_a_url() -> None:
@@ -79,10 +127,10 @@ def test_the_traffic_port_in_use() -> None:
     assert_one_line_error(*out, 1, "address already in use")
 
 
-def test_an_address_not_on_this_host() -> None:
-    out = islwatch_proxy(
-        *UPSTREAM, "--listen", "192.0.2.1:0", "--admin", "127.0.0.1:0", "--tokenizer", "none"
-    )
+@pytest.mark.parametrize("which", ["--listen", "--admin"])
+def test_an_address_not_on_this_host(which: str) -> None:
+    addresses = {"--listen": "127.0.0.1:0", "--admin": "127.0.0.1:0", which: "192.0.2.1:0"}
+    out = islwatch_proxy(*UPSTREAM, *(x for kv in addresses.items() for x in kv), "--tokenizer", "none")
     assert_one_line_error(*out, 1, "cannot assign requested address")
 
 
