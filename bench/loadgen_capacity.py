@@ -10,8 +10,14 @@ meets a scheduling hiccup of tens of ms (measured: the same code at 4,000 req/s 
 run, old code and new alike), and every run is printed. Where `aiperf` is on PATH, the same ladder runs
 against it.
 
+With `--workload agent`, the ladder sends agent conversations (loadgen/workload/agent.py: each request
+a whole conversation so far, `--agent-rounds` rounds after the first request, `--round-isl` tokens each),
+whose follow-ups are budgeted on the sending loop as replies arrive; first the budgeting cost of one request
+is measured in-process, per round from 1 to `--agent-rounds` (the request grows by a round each time, and
+each measurement renders and counts the whole conversation).
+
 Usage: python -m bench.loadgen_capacity [--rates 500,1000,2000,3000,4000,6000] [--workers 1,2] [--repeats 3]
-       [--quick]
+       [--quick] [--workload agent --agent-rounds 8 --round-isl 300]
 """
 
 from __future__ import annotations
@@ -35,13 +41,14 @@ LATE_P99_MS = 2.0
 
 
 def run_loadgen(
-    url: str, tokenizer: str, rate: int, workers: int, seconds: float, isl: int, tmp: Path
-) -> dict:
+    url: str, tokenizer: str, rate: int, workers: int, seconds: float, isl: int, tmp: Path,
+    extra: list[str] | None = None,
+) -> dict:  # fmt: skip
     records = tmp / f"rec-{rate}-{workers}.jsonl"
     cmd = [sys.executable, "-m", "proxy.cli", "--log-level", "WARNING", "loadgen", "--url", url,
            "--tokenizer", tokenizer, "--isl", str(isl), "--osl", "16", "--request-rate", str(rate),
            "--arrival", "constant", "--duration", str(seconds), "--workers", str(workers),
-           "--records", str(records), "--timeout-seconds", "30"]  # fmt: skip
+           "--records", str(records), "--timeout-seconds", "30", *(extra or [])]  # fmt: skip
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, check=False)
     total_s = time.perf_counter() - t0
@@ -59,6 +66,9 @@ def run_loadgen(
         "rate": rate,
         "workers": workers,
         "requests": len(recs),
+        "exact": sum(
+            1 for r in recs if r.get("client_isl") == r.get("target_isl") and not r.get("budget_error")
+        ),
         "errors": errors,
         "achieved_rps": achieved,
         "late_p50_ms": pct(late, 50),
@@ -91,6 +101,52 @@ def verdict(runs: list[dict]) -> dict:
     }
 
 
+def agent_cost(tokenizer: str, isl: int, round_isl: int, rounds: int, conversations: int) -> list[dict]:
+    """Per request of an agent conversation (request 1: no round yet; request k: k - 1 rounds), the
+    budgeting cost: wall time to build it and the whole-request counts it took, over `conversations`."""
+    from loadgen.config import LoadgenConfig
+    from loadgen.workload.agent import AgentWorkload
+    from proxy.core.model import load_served_model
+    from proxy.core.tokenizer import load_tokenizer
+
+    cfg = LoadgenConfig(url="http://x", workload="agent", isl=isl, round_isl=round_isl, agent_rounds=rounds,
+                        concurrency=1, request_count=1, tokenizer=tokenizer, run_id="bench")  # fmt: skip
+    tok = load_tokenizer(tokenizer).tokenizer
+    workload = AgentWorkload(tok, cfg, served=load_served_model(tokenizer))  # as build_workload does
+    counted = 0
+    plain_count = workload.count
+
+    def count(body: dict[str, Any]) -> tuple[int | None, str | None]:
+        nonlocal counted
+        counted += 1
+        return plain_count(body)
+
+    workload.count = count  # type: ignore[method-assign]
+    times: dict[int, list[float]] = {}
+    counts: dict[int, list[int]] = {}
+    exact: dict[int, int] = {}
+    for i in range(conversations):
+        counted = 0
+        t0 = time.perf_counter()
+        conv, req = workload.start(f"c{i}")
+        while True:
+            k = req.turn
+            times.setdefault(k, []).append((time.perf_counter() - t0) * 1000)
+            counts.setdefault(k, []).append(counted)
+            exact[k] = exact.get(k, 0) + (req.error is None and req.client_isl == req.target_isl)
+            if k > rounds:
+                break
+            counted = 0
+            t0 = time.perf_counter()
+            req = workload.follow_up(conv, "")
+    return [
+        {"request": k, "rounds": k - 1, "target": isl + (k - 1) * round_isl, "build_ms_p50": pct(times[k], 50),
+         "build_ms_mean": sum(times[k]) / len(times[k]), "counts_mean": sum(counts[k]) / len(counts[k]),
+         "exact": exact[k], "conversations": len(times[k])}
+        for k in sorted(times)
+    ]  # fmt: skip
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f} ms"
 
@@ -107,9 +163,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--isl", type=int, default=200, help="templated tokens per request")
     p.add_argument("--repeats", type=int, default=3, help="runs per rate; the median run's lateness counts")
     p.add_argument("--quick", action="store_true", help="rates 500,2000; 2 s each; 1 worker; 1 run")
+    p.add_argument("--workload", choices=["conversation", "agent"], default="conversation")
+    p.add_argument("--agent-rounds", type=int, default=8, help="agent: rounds per conversation")
+    p.add_argument("--round-isl", type=int, default=300, help="agent: templated tokens per round")
+    p.add_argument("--cost-conversations", type=int, default=20, help="agent: conversations timed in-process")
     args = p.parse_args(argv)
     if args.quick:
         args.rates, args.workers, args.seconds, args.repeats = "500,2000", "1", 2.0, 1
+    extra: list[str] = []
+    cost: list[dict[str, Any]] = []
+    if args.workload == "agent":
+        extra = [
+            "--workload",
+            "agent",
+            "--agent-rounds",
+            str(args.agent_rounds),
+            "--round-isl",
+            str(args.round_isl),
+        ]
+        cost = agent_cost(
+            args.tokenizer, args.isl, args.round_isl, args.agent_rounds, args.cost_conversations
+        )
+        print(
+            f"{'request':>7} {'rounds':>6} {'target':>7} {'build p50':>10} {'mean':>9} {'counts':>6} {'exact':>6}"
+        )
+        for c in cost:
+            print(f"{c['request']:7d} {c['rounds']:6d} {c['target']:7d} {c['build_ms_p50']:7.2f} ms "
+                  f"{c['build_ms_mean']:6.2f} ms {c['counts_mean']:6.1f} {c['exact']:3d}/{c['conversations']}")  # fmt: skip
     rates = [int(r) for r in args.rates.split(",")]
     workers = [int(w) for w in args.workers.split(",")]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -119,13 +199,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{'>1ms':>6} {'lat p99':>8}  held")  # fmt: skip
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
         up = f"http://127.0.0.1:{free_port()}"
-        start(stack, [sys.executable, "-m", "bench.replay_upstream", "--static", "--listen", up[7:]],
-              up + "/health", env)  # fmt: skip
+        start(stack, "bench.replay_upstream", ["--static", "--listen", up[7:]], up + "/health", env)
         for w in workers:
             for rate in rates:
                 runs = []
                 for _ in range(args.repeats):
-                    r = run_loadgen(up, args.tokenizer, rate, w, args.seconds, args.isl, Path(tmp))
+                    r = run_loadgen(up, args.tokenizer, rate, w, args.seconds, args.isl, Path(tmp), extra)
                     runs.append(r)
                     if "error" in r:
                         print(f"{w:7d} {rate:6d} loadgen failed: {r['error']}")
@@ -146,8 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     aiperf = shutil.which("aiperf")
     if aiperf is None:
         print("aiperf not installed: comparison skipped")
-    path = write_result("loadgen_capacity", {
+    name = "loadgen_capacity" if args.workload == "conversation" else "loadgen_capacity_agent"
+    path = write_result(name, {
         "machine": machine(), "tokenizer": args.tokenizer, "isl": args.isl, "seconds": args.seconds,
+        "workload": args.workload, "agent_rounds": args.agent_rounds, "round_isl": args.round_isl,
+        "agent_cost": cost,
         "repeats": args.repeats, "rows": rows, "verdicts": verdicts, "highest_held_rps": best,
         "target_2000_met": target,
         "aiperf": "not installed" if aiperf is None else "installed, comparison not implemented",

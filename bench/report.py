@@ -211,6 +211,37 @@ def loadgen_section(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def loadgen_agent_section(d: dict[str, Any]) -> list[str]:
+    cmd = f"python -m bench.loadgen_capacity --workload agent --agent-rounds {d['agent_rounds']} --round-isl {d['round_isl']}"
+    out = [
+        "## Loadgen capacity, agent workload (`python -m bench.loadgen_capacity --workload agent`)",
+        "",
+        f"Machine: {_machine(d['machine'])}. `{cmd}` on {Path(d['tokenizer']).name}: first request ISL "
+        f"{d['isl']}, each round +{d['round_isl']} tokens. Budgeting cost of one request, in-process, by rounds "
+        "carried (each count renders the whole conversation):",
+        "",
+        "| request | rounds | target tokens | build p50 / mean ms | whole-request counts (mean) | exact |",
+        "|---|---|---|---|---|---|",
+    ]
+    out += [f"| {c['request']} | {c['rounds']} | {c['target']} | {_f(c['build_ms_p50'], '.2f')} / "
+            f"{_f(c['build_ms_mean'], '.2f')} | {_f(c['counts_mean'], '.1f')} | {c['exact']} / {c['conversations']} |"
+            for c in d["agent_cost"]]  # fmt: skip
+    out += ["", f"Static upstream, open loop, constant arrivals, {d['seconds']} s per rate; follow-ups are "
+            "budgeted on the sending loop as replies arrive.", "",
+            "| workers | offered req/s | achieved | errors | exact | lateness p50 / p99 / max ms | held |",
+            "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in d["rows"]:
+        if "error" in r:
+            out.append(f"| {r['workers']} | {r['rate']} | failed | | | | |")
+            continue
+        out.append(
+            f"| {r['workers']} | {r['rate']} | {_f(r['achieved_rps'], '.0f')} | {r['errors']} | "
+            f"{r.get('exact', '-')} / {r['requests']} | {_f(r['late_p50_ms'], '.3f')} / "
+            f"{_f(r['late_p99_ms'], '.3f')} / {_f(r['late_max_ms'], '.1f')} | {r['held']} |"
+        )
+    return [*out, "", f"Highest held rate: {d['highest_held_rps']} req/s.", ""]
+
+
 def aiperf_section(d: dict[str, Any]) -> list[str]:
     m = d["machine"]
     out = [AIPERF_SECTION, "",
@@ -241,6 +272,7 @@ SECTIONS = (
     ("proxy_overhead_wrk", overhead_section),
     ("scrape_storm", scrape_storm_section),
     ("loadgen_capacity", loadgen_section),
+    ("loadgen_capacity_agent", loadgen_agent_section),
     ("aiperf_vs_loadgen", aiperf_section),
 )
 
