@@ -44,7 +44,7 @@ log = logging.getLogger("islwatch.proxy")
 
 @dataclass(frozen=True)
 class Limits:
-    header_timeout: float  # from a head's first byte to its end
+    header_timeout: float  # to a head's end: from the accept, or a later head's first byte
     body_timeout: float  # longest wait for the next body bytes
     max_connections: int
 

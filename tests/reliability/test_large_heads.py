@@ -6,12 +6,14 @@ client reads what the proxy relays."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 
 from proxy.server.app import run_proxy
 from tests.reliability.reliability_peers import Origin, Response, exchange, recording_origin
@@ -55,9 +57,12 @@ async def test_a_9kb_field_and_200_fields_reach_the_client() -> None:
         ]
 
 
-async def test_a_head_past_the_limits_is_a_502_with_its_own_reason() -> None:
+async def test_a_head_past_the_limits_is_a_502_with_its_own_reason(caplog: pytest.LogCaptureFixture) -> None:
     async with proxied(upstream_max_field_bytes=4096, upstream_max_header_fields=50) as (port, admin, origin):
         too_long = await one(port, origin, answer([b"X-Trace: " + b"a" * 5000]))
+        # Logged once, by the handler, under its own reason: not again by aiohttp's server log.
+        said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(said) == 1 and said[0].startswith("upstream_head_too_large:"), said
         too_many = await one(port, origin, answer([b"X-F%d: v" % i for i in range(60)]))
         for relayed in (too_long, too_many):
             assert relayed.status == 502

@@ -2,7 +2,7 @@
 (RFC 9110 8.6: the length of the 200 it stands for), its fields in order, and the connection stays usable.
 A 103 Early Hints before the answer cannot be relayed: aiohttp's client reads past every 1xx but 101 and
 exposes none (client_reqrep.py `ClientResponse.start`, aiohttp 3.14); the final answer still arrives whole
-(README, "What islwatch changes")."""
+(docs/faults.md)."""
 
 from __future__ import annotations
 
