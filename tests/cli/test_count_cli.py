@@ -12,6 +12,7 @@ import pytest
 from proxy.core.tokenizer import load_tokenizer
 from tests.builders import save_tokenizer
 from tests.conftest import FAMILIES, shared_dir
+from tests.lanes import sweep
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
 
@@ -54,6 +55,7 @@ def test_count_stdin_prints_required_keys(built: str) -> None:
     assert out["template_sha256"] == load_tokenizer(built).identity.template_sha256
 
 
+@pytest.mark.slow  # a process each; test_count_stdin_prints_required_keys stays in the fast lane
 def test_count_file_and_endpoint(built: str, tmp_path: Path) -> None:
     f = tmp_path / "body.json"
     f.write_text(json.dumps({"prompt": ["a b", "c"]}))
@@ -62,6 +64,7 @@ def test_count_file_and_endpoint(built: str, tmp_path: Path) -> None:
     assert len(json.loads(proc.stdout)["prompts"]) == 2
 
 
+@pytest.mark.slow
 def test_chat_template_override_changes_hash_and_count(built: str, tmp_path: Path) -> None:
     f = tmp_path / "t.jinja"
     f.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
@@ -75,11 +78,14 @@ def test_chat_template_override_changes_hash_and_count(built: str, tmp_path: Pat
 
 @pytest.mark.parametrize(
     "stdin,needle",
-    [
-        (b"{not json", "invalid JSON"),
-        (b'{"prompt": "x"}', "not a chat request"),
-        (b"[1]", "not a chat request"),
-    ],
+    sweep(
+        [
+            (b"{not json", "invalid JSON"),
+            (b'{"prompt": "x"}', "not a chat request"),
+            (b"[1]", "not a chat request"),
+        ],
+        unpack=True,
+    ),
 )
 def test_bad_input_exit_2_one_line(built: str, stdin: bytes, needle: str) -> None:
     proc = run("--tokenizer", built, stdin=stdin)
@@ -88,21 +94,22 @@ def test_bad_input_exit_2_one_line(built: str, stdin: bytes, needle: str) -> Non
     assert proc.stdout == b""
 
 
+@pytest.mark.slow
 def test_unloadable_tokenizer_exit_2(tmp_path: Path) -> None:
     proc = run("--tokenizer", str(tmp_path / "missing"), stdin=json.dumps(BODY).encode())
     assert proc.returncode == 2
     assert "cannot load tokenizer" in proc.stderr.decode()
 
 
-def test_count_on_every_shared_tokenizer() -> None:
-    shared_dir(FAMILIES[0])
-    for family in FAMILIES:
-        proc = run("--tokenizer", str(shared_dir(family)), stdin=json.dumps(BODY).encode())
-        assert proc.returncode == 0, (family, proc.stderr[-500:])
-        out = json.loads(proc.stdout)
-        assert out["method"] == "chat_template" and out["templated"] > out["bare"], family
+@pytest.mark.parametrize("family", sweep(FAMILIES))
+def test_count_on_every_shared_tokenizer(family: str) -> None:
+    proc = run("--tokenizer", str(shared_dir(family)), stdin=json.dumps(BODY).encode())
+    assert proc.returncode == 0, (family, proc.stderr[-500:])
+    out = json.loads(proc.stdout)
+    assert out["method"] == "chat_template" and out["templated"] > out["bare"], family
 
 
+@pytest.mark.slow
 def test_builtin_tokenizer_offline() -> None:
     proc = run("--tokenizer", "builtin:mistral-v0.1", stdin=json.dumps(BODY).encode())
     assert proc.returncode == 0, proc.stderr

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tests.builders import save_tokenizer
+from tests.lanes import sweep
 
 # The [INST] template (tests/builders.py) raises on a system role and on roles that do not alternate.
 SYSTEM = {
@@ -58,6 +59,7 @@ def test_a_request_the_template_renders_is_not_refused(inst: str) -> None:
     assert b"refuse" not in proc.stderr
 
 
+@pytest.mark.slow  # a process each
 def test_no_template_is_counted_bare_not_refused(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Without a chat template islwatch counts bare and the server may still serve it: not a refusal."""
     from tests.builders import build_tokenizer
@@ -71,6 +73,7 @@ def test_no_template_is_counted_bare_not_refused(tmp_path_factory: pytest.TempPa
     assert out["expected_server"] == out["bare"]
 
 
+@pytest.mark.slow
 def test_completions_are_never_refused(inst: str) -> None:
     out = json.loads(count(inst, {"prompt": "Hello there"}, "--endpoint", "completions").stdout)
     assert out["server_would_refuse"] is False and out["expected_server"] is not None
@@ -78,11 +81,14 @@ def test_completions_are_never_refused(inst: str) -> None:
 
 @pytest.mark.parametrize(
     ("extra", "why"),
-    [
-        ({"reasoning_effort": "extreme"}, "reasoning_effort"),
-        ({"chat_template": "{{ messages }}"}, "chat template"),
-        ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
-    ],
+    sweep(
+        [
+            ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+            ({"chat_template": "{{ messages }}"}, "chat template"),
+            ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
+        ],
+        unpack=True,
+    ),
 )
 def test_a_body_vllm_refuses_is_reported_as_refused(inst: str, extra: dict[str, object], why: str) -> None:
     """vLLM's request path answers 400 before any template runs (the request model's reasoning_effort

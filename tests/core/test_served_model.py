@@ -70,6 +70,7 @@ def test_a_server_chat_template_wins_over_the_processor(vision_folder: Path, tmp
     assert model.describe()["template_source"] == "--chat-template"
 
 
+@pytest.mark.slow  # loads a processor (seconds)
 def test_llama_cpp_never_takes_the_processor_template(vision_folder: Path) -> None:
     model = load_served_model(str(vision_folder), "llama.cpp")
     assert model.processor_encoder is None
@@ -78,6 +79,7 @@ def test_llama_cpp_never_takes_the_processor_template(vision_folder: Path) -> No
     )
 
 
+@pytest.mark.slow
 def test_sglang_takes_the_processor_template_of_a_multimodal_model(
     vision_folder: Path, tmp_path: Path
 ) -> None:
@@ -102,6 +104,7 @@ def test_sglang_takes_the_processor_template_of_a_multimodal_model(
     assert model.describe()["template_source"] == "chat_template.json"
 
 
+@pytest.mark.slow
 def test_server_default_template_kwargs_lie_under_the_request() -> None:
     """vLLM's --default-chat-template-kwargs '{"enable_thinking": false}' on a Qwen3 server: every request
     renders with thinking off unless it asks otherwise; a null request value keeps the default."""

@@ -36,6 +36,7 @@ from proxy.emulator.counting import chat_prompt_tokens
 from proxy.emulator.faults import Faults
 from tests.conftest import FAMILIES, shared_dir
 from tests.eventually import eventually_async
+from tests.lanes import sweep
 
 MODERN = ["qwen3", "llama-3.1", "gemma-3", "gpt-oss", "deepseek-r1"]
 HARMONY_CASE = "gpt-oss as gpt_oss"  # the gpt-oss folder with config.json: vLLM renders it with Harmony
@@ -91,7 +92,8 @@ def check_conversation(reqs: list[Request], w: AgentWorkload) -> None:
         assert len(results) == sum(len(m["tool_calls"]) for m in rounds)
 
 
-@pytest.mark.parametrize("family", [*FAMILIES, *MODERN, HARMONY_CASE])
+# Every family (seconds each): the whole suite; the fast lane runs the first.
+@pytest.mark.parametrize("family", sweep([*FAMILIES, *MODERN, HARMONY_CASE]))
 def test_every_request_is_exact_on_every_family(family: str, tmp_path: Path) -> None:
     served = load_served_model(str(model_folder(family, tmp_path)))
     w = marked_workload(served)
@@ -147,7 +149,7 @@ def test_contradictions(kw: dict[str, Any], problem: str) -> None:
         agent_config(**kw)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama-3.1", "gemma-3"])
+@pytest.mark.parametrize("family", sweep(["qwen3", "llama-3.1", "gemma-3"]))
 async def test_through_the_proxy_the_server_counts_every_round(family: str) -> None:
     """Qwen3 (reasoning kept), Llama 3.1 (one call per turn), Gemma 3 (rounds as text): the emulator's
     usage.prompt_tokens equals each request's target, the proxy matches every request exactly, and the
@@ -214,7 +216,7 @@ AGENT_RECORD = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama-3-8b-instruct", "qwen2.5-instruct", HARMONY_CASE])
+@pytest.mark.parametrize("family", sweep(["qwen3", "llama-3-8b-instruct", "qwen2.5-instruct", HARMONY_CASE]))
 def test_dataset_agent_conversations_are_budgeted(family: str, tmp_path: Path) -> None:
     """An OpenAI-format agent record (reasoning, parallel tool calls, tool results, tools) at its asked count:
     the last tool result is fitted, the rest sent as written; without a count it goes as written."""

@@ -13,6 +13,7 @@ import pytest
 
 from proxy.runtime.children import free_port
 from tests.conftest import REPO
+from tests.lanes import sweep
 
 CLI = [sys.executable, "-m", "proxy.cli"]
 HEAVY = ("transformers", "tokenizers", "jinja2", "pydantic", "rich", "aiohttp", "prometheus_client")
@@ -48,7 +49,7 @@ def test_configure_needs_no_heavy_imports() -> None:
     assert out.stdout.split() == []
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", sweep([1, 2]))
 def test_loadgen_cli_writes_report_and_records(emulator: str, tmp_path: Path, workers: int) -> None:
     out = subprocess.run(
         [*CLI, "loadgen", "--url", emulator, "--isl", "150", "--osl", "4", "--turns", "2", "--request-rate", "50",

@@ -13,11 +13,13 @@ import pytest
 
 from tests.conftest import REPO
 from tests.eventually import eventually
+from tests.lanes import sweep
 from tests.loadgen.demolib import DEMO, TIMEOUT_S, alive, descendants, read_lines, summary, wait_serving
 
 BOTH = "IslwatchDuplicateBOS, IslwatchTokenDrift"
 
 
+@pytest.mark.slow  # every scene, a process each
 def test_demo_runs_every_scene_to_the_end(tmp_path: Path) -> None:
     out = subprocess.run(
         [*DEMO, "--requests", "6", "--output", str(tmp_path / "r.json")],
@@ -58,8 +60,13 @@ def test_demo_runs_every_scene_to_the_end(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("group", "scenes"),
-    [(True, []), (False, ["--scene", "correct"])],
-    ids=["ctrl-c-group-all-scenes", "sigint-demo-only-one-scene"],
+    # the fast lane runs the demo's one-scene run (its only process start there); all scenes: the whole suite
+    sweep(
+        [(True, []), (False, ["--scene", "correct"])],
+        ids=["ctrl-c-group-all-scenes", "sigint-demo-only-one-scene"],
+        fast=1,
+        unpack=True,
+    ),
 )
 def test_ctrl_c_leaves_no_orphans(group: bool, scenes: list[str]) -> None:
     proc = subprocess.Popen(

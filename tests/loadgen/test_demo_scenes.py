@@ -18,6 +18,7 @@ REQUESTS = 5
 LABELS = frozenset({("model", "default"), ("endpoint", "chat")})
 
 
+@pytest.mark.slow  # a demo process per scene; tests/loadgen/test_demo.py keeps one scene run in the fast lane
 @pytest.mark.parametrize(
     ("scene", "match", "cause", "drift", "alert"),
     [

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from proxy.server.config import load_config
+from tests.lanes import sweep
 from tests.reliability.reliability_peers import Child, free_port, running, spawn, wait_answering
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +52,9 @@ def start(admin: str, log: Path) -> Child:
     return child
 
 
-@pytest.mark.parametrize(("admin", "bound"), [(":{}", "127.0.0.1"), ("0.0.0.0:{}", "0.0.0.0")])
+@pytest.mark.parametrize(
+    ("admin", "bound"), sweep([(":{}", "127.0.0.1"), ("0.0.0.0:{}", "0.0.0.0")], unpack=True)
+)
 def test_the_admin_port_binds_loopback_unless_told_otherwise(admin: str, bound: str, tmp_path: Path) -> None:
     port = free_port()
     with running(start(admin.format(port), tmp_path / "proxy.log")):

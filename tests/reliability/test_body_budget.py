@@ -13,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import orjson
+import pytest
 
 from tests.reliability.reliability_peers import running, start_proxy
 from tests.server.helpers import fetch_metrics, value
@@ -65,6 +66,7 @@ def max_size_body() -> bytes:
     return frame.replace(b'"content":""', b'"content":"' + b"a" * pad + b'"')
 
 
+@pytest.mark.slow  # 64 bodies of 8 MiB through a proxy process
 async def test_a_burst_of_max_size_bodies_stays_within_the_memory_limit(tmp_path: Path) -> None:
     body = max_size_body()
     assert len(body) == BODY_BYTES

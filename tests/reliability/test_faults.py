@@ -207,6 +207,7 @@ async def streams_cut_by_a_kill(p: Peers) -> list[str]:
         return [await rest(r) for r in streams]
 
 
+@pytest.mark.slow  # an upstream process killed and restarted
 def test_upstream_killed_mid_stream_and_restarted(peers: Peers) -> None:
     proxy, port = peers.proxy, peers.emulator.port
     before = peers.metrics()

@@ -289,6 +289,7 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Child]:
         yield child
 
 
+@pytest.mark.slow  # the soak: minutes of load
 def test_soak_against_the_emulator(emulator: Child, tmp_path: Path) -> None:
     with running(start_proxy(emulator.url, tmp_path / "proxy.log")) as proxy:
         run = run_soak(proxy, emulator.url, emulator.port, EMULATOR_MIX, SOAK, CONCURRENCY, masked=False)

@@ -122,6 +122,7 @@ def _matches(m: Metrics, result: str) -> float:
     return _sample(m, "islwatch_isl_match_total", model="default", endpoint="chat", result=result)
 
 
+@pytest.mark.slow  # a worker process each; test_worker_process_outcomes_are_applied stays in the fast lane
 async def test_worker_process_loads_and_reports_the_tokenizer(worker: Worker) -> None:
     pool = worker.pool
     assert pool.ready and [r.label for r in pool.reports] == ["default"]
@@ -141,6 +142,7 @@ async def test_worker_process_outcomes_are_applied(worker: Worker) -> None:
     assert _sample(metrics, "islwatch_analysis_queue_depth") == 0
 
 
+@pytest.mark.slow
 async def test_full_queue_drops_at_once_and_counts(worker: Worker) -> None:
     pool, metrics = worker.pool, worker.metrics
     assert pool.submit(_job(server_tokens=worker.exact))
@@ -153,6 +155,7 @@ async def test_full_queue_drops_at_once_and_counts(worker: Worker) -> None:
     assert _sample(metrics, "islwatch_analysis_queue_depth") == 0
 
 
+@pytest.mark.slow
 async def test_body_that_is_not_a_request_is_counted_not_a_crash(worker: Worker) -> None:
     pool, metrics = worker.pool, worker.metrics
     assert pool.submit(AnalysisJob("chat", "default", DEFAULT_KEY, b"[1, 2]"))
@@ -161,6 +164,7 @@ async def test_body_that_is_not_a_request_is_counted_not_a_crash(worker: Worker)
     assert pool.worker_exits == 0
 
 
+@pytest.mark.slow
 async def test_killed_worker_loses_no_job_uncounted_and_is_restarted(worker: Worker) -> None:
     """Kill the worker with jobs in flight: submission never fails or blocks, every job is either analysed
     or counted as dropped, and a new worker takes over (and is gone after close)."""
@@ -199,6 +203,7 @@ async def test_killed_worker_loses_no_job_uncounted_and_is_restarted(worker: Wor
     assert pool.live_workers == 0
 
 
+@pytest.mark.slow
 async def test_close_leaves_no_worker_process(worker: Worker) -> None:
     pool = worker.pool
     assert pool.submit(_job(server_tokens=worker.exact))
@@ -230,6 +235,7 @@ async def _close_leaves_nothing(pool: AnalysisPool, seen: list[int]) -> None:
     assert pool.live_workers == 0
 
 
+@pytest.mark.slow
 async def test_reload_swaps_in_loaded_workers_and_retires_the_old(
     two_workers: tuple[AnalysisPool, Metrics, str],
 ) -> None:
@@ -248,6 +254,7 @@ async def test_reload_swaps_in_loaded_workers_and_retires_the_old(
     await _close_leaves_nothing(pool, first + second)
 
 
+@pytest.mark.slow
 async def test_failed_reload_keeps_the_current_workers_serving(
     two_workers: tuple[AnalysisPool, Metrics, str],
 ) -> None:
@@ -263,6 +270,7 @@ async def test_failed_reload_keeps_the_current_workers_serving(
     await _close_leaves_nothing(pool, current)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nice", [0, 10])
 async def test_worker_processes_run_nicer_than_the_event_loop(built_folder: str, nice: int) -> None:
     """Once loaded, a worker yields a busy CPU to the relay (config analysis_nice, default 10)."""

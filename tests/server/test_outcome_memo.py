@@ -369,6 +369,7 @@ def compared(m: dict[Any, float]) -> dict[Any, float]:
     return {k: v for k, v in m.items() if not k[0].startswith(NOT_COMPARED) and not k[0].endswith("_created")}
 
 
+@pytest.mark.slow  # two proxies with workers over every body
 def test_repeated_bodies_are_reused_and_every_metric_equals_a_proxy_without_the_memo(
     upstreams: Upstreams,
 ) -> None:

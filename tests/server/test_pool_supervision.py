@@ -86,6 +86,7 @@ async def _analyses_one_job(s: Supervised) -> None:
     )
 
 
+@pytest.mark.slow  # worker processes started, killed and restarted
 async def test_a_dead_worker_is_not_ready_until_its_restart_has_loaded(supervised: Supervised) -> None:
     s = supervised
     await s.pool.start()
@@ -102,6 +103,7 @@ async def test_a_dead_worker_is_not_ready_until_its_restart_has_loaded(supervise
     await _analyses_one_job(s)
 
 
+@pytest.mark.slow
 async def test_a_failed_reload_leaves_a_pending_restart_alone(supervised: Supervised) -> None:
     """A worker dying twice waits (backs off) before its restart; a reload that fails meanwhile closes only
     its own new workers: the restart still happens and the pool measures again."""
@@ -127,6 +129,7 @@ async def test_a_failed_reload_leaves_a_pending_restart_alone(supervised: Superv
     await _analyses_one_job(s)
 
 
+@pytest.mark.slow
 async def test_a_worker_dying_in_its_first_load_is_an_error_and_its_restart_recovers(
     supervised: Supervised,
 ) -> None:
@@ -155,6 +158,7 @@ def _info_series(s: Supervised) -> list[dict[str, str]]:
     ]
 
 
+@pytest.mark.slow
 async def test_a_restart_that_loads_a_changed_tokenizer_is_counted_and_shown(supervised: Supervised) -> None:
     s = supervised
     await s.pool.start()
@@ -175,6 +179,7 @@ async def test_a_restart_that_loads_a_changed_tokenizer_is_counted_and_shown(sup
     assert s.sample(changes, model="m") == 1
 
 
+@pytest.mark.slow
 async def test_an_unwritable_builtin_cache_is_a_load_error_not_a_crash_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -98,6 +98,7 @@ def _stop_gracefully(proxy: CliProxy) -> None:
     assert "Hello there" not in stderr and "Traceback" not in stderr
 
 
+@pytest.mark.slow  # an islwatch proxy process and its workers
 async def test_cli_proxy_analyses_in_worker_processes(cli_proxy: CliProxy) -> None:
     url, admin = cli_proxy.url, cli_proxy.admin
     async with aiohttp.ClientSession() as s:
@@ -116,6 +117,7 @@ async def test_cli_proxy_analyses_in_worker_processes(cli_proxy: CliProxy) -> No
     _stop_gracefully(cli_proxy)
 
 
+@pytest.mark.slow
 async def test_cli_proxy_sighup_reload_detects_a_changed_template(cli_proxy: CliProxy) -> None:
     url, admin = cli_proxy.url, cli_proxy.admin
     async with aiohttp.ClientSession() as s:

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from proxy.server.app import run_proxy
 from tests.core.test_usage_fields import VLLM_CHAT_STREAM, VLLM_RESPONSES_STREAM
+from tests.lanes import sweep
 from tests.server.helpers import (
     MODE_HEADER,
     Background,
@@ -97,7 +98,7 @@ def upstream_app() -> web.Application:
     return app
 
 
-@pytest.mark.parametrize("mode", ["thread", "process"])
+@pytest.mark.parametrize("mode", sweep(["thread", "process"]))
 def test_usage_metrics_equal_the_usage_answered(background: Background, mode: str) -> None:
     upstream = background.enter(serve_app(upstream_app()))
     url, admin_url, _ = background.enter(
