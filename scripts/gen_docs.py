@@ -208,8 +208,8 @@ def _flag_table(parser: argparse.ArgumentParser, real: dict[str, Any]) -> list[s
 
 def _label_values() -> dict[tuple[str, str], tuple[str, ...]]:
     """The label values the code fixes in one place, by (family name, label)."""
-    from proxy.core import fast
     from proxy.core.causes import CAUSES
+    from proxy.core.fallbacks import FALLBACK_REASONS
     from proxy.server import metric_families as mf
     from proxy.server.engine_metrics import ENGINES
 
@@ -226,8 +226,7 @@ def _label_values() -> dict[tuple[str, str], tuple[str, ...]]:
         ("islwatch_engine_scrapes", "result"): "ENGINE_SCRAPE_RESULTS",
     }
     out = {key: tuple(getattr(mf, name)) for key, name in constants.items() if hasattr(mf, name)}
-    if hasattr(fast, "FALLBACK_REASONS"):
-        out[("islwatch_fast_path_fallbacks", "reason")] = tuple(fast.FALLBACK_REASONS)
+    out[("islwatch_fast_path_fallbacks", "reason")] = FALLBACK_REASONS
     out[("islwatch_drift", "cause")] = CAUSES
     out[("islwatch_engine_tokens", "engine")] = tuple(e.name for e in ENGINES)
     out[("islwatch_engine_tokens", "kind")] = tuple(dict.fromkeys(k for e in ENGINES for k in e.kinds))

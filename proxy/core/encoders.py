@@ -14,7 +14,7 @@ from .tokens import bos_text, developer_role, encode_len, parts_format, render_c
 
 
 class ReferenceEncoder:
-    # Why fast.py's shortcuts are off for this tokenizer (fast.FALLBACK_REASONS); counted at the server edge.
+    # Why fast.py's shortcuts are off for this tokenizer (fallbacks.FALLBACK_REASONS); counted at the server edge.
     fallbacks: tuple[str, ...] = ()
 
     def __init__(self, tok: Any, images: ImageModel | None = None) -> None:

@@ -68,21 +68,6 @@ SAMPLE_TEXTS = (
 )
 
 
-# Why a shortcut is off although it applies: its proof raised or its output differed from the reference, or
-# transformers' template compiler is missing. Each one costs speed, never a count: the reference takes over.
-# The core records the reasons (`FastEncoder.fallbacks`); the server counts them
-# (islwatch_fast_path_fallbacks_total{reason}) and logs each reason once.
-FALLBACK_REASONS = (
-    "direct_raised",
-    "direct_differs",
-    "reuse_raised",
-    "reuse_differs",
-    "render_raised",
-    "render_differs",
-    "template_compiler_missing",
-)
-
-
 class FastEncoder(ReferenceEncoder):
     """`count(FastEncoder(tok), endpoint, body)` returns what `count_request(tok, endpoint, body)` returns."""
 
@@ -252,7 +237,7 @@ class FastEncoder(ReferenceEncoder):
             return self._fell_back("render_raised")
 
     def _fell_back(self, reason: str) -> bool:
-        """Note why a shortcut is off (FALLBACK_REASONS); False, the check's answer."""
+        """Note why a shortcut is off (fallbacks.FALLBACK_REASONS); False, the check's answer."""
         self._fallbacks.append(reason)
         return False
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from proxy.core.fast import FALLBACK_REASONS
+from proxy.core.fallbacks import FALLBACK_REASONS
 
 # 1-2-5 steps from 1 to 1M tokens.
 ISL_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5) if m * 10**e <= 1_000_000)
@@ -43,8 +43,8 @@ BAD_REQUEST_REASONS = (
 UPSTREAM_ERROR_KINDS = ("connect", "timeout", "reset", "head_too_large", "status_5xx")
 # --inject-stream-usage, per analysed streaming request that did not ask for usage (inspect.py, relay.py):
 # asked upstream and the usage-only event taken out again, asked but none came back, asked but the answer
-# came compressed (relayed as sent: the proxy cannot edit it), or not asked because the client accepts a
-# compressed answer or its body already holds stream_options (its stream could not be restored exactly).
+# came compressed (relayed as sent: the proxy cannot edit it), or not asked because the client accepts only
+# compressed answers or its body already holds stream_options (its stream could not be restored exactly).
 INJECTION_RESULTS = ("stripped", "not_found", "compressed", "skipped_encoding", "skipped_options")
 # Client connections the proxy closed (proxy/server/guard.py).
 CUT_REASONS = ("header_timeout", "body_timeout", "evicted", "connection_cap")

@@ -143,7 +143,7 @@ class TokenizerReport:
     probe_ids: list[list[int]] | None = None
     # The chat probe (core/probe_set.py chat_probe): [messages, islwatch's ids, [[kwargs, ids], ...]].
     chat_probe: list[Any] | None = None
-    # Why fast.py's shortcuts are off for this tokenizer (core.fast.FALLBACK_REASONS): slower, same counts.
+    # Why fast.py's shortcuts are off for this tokenizer (core.fallbacks.FALLBACK_REASONS): slower, same counts.
     fast_path_fallbacks: list[str] | None = None
 
     def as_row(self) -> list[Any]:

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from proxy.core.count import count, count_request
 from proxy.core.encoders import ReferenceEncoder
 from proxy.core.extract import chat_input
-from proxy.core.fast import FALLBACK_REASONS, FastEncoder, best_encoder
+from proxy.core.fallbacks import FALLBACK_REASONS
+from proxy.core.fast import FastEncoder, best_encoder
 from proxy.core.tokens import render_chat, render_messages
 from tests.builders import SPECIALS, TEMPLATES, build_tokenizer
 from tests.conftest import FAMILIES, load_builtin, load_shared
