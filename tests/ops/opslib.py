@@ -72,6 +72,10 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "islwatch_client_disconnects_total": frozenset({"stage"}),
     "islwatch_analysis_errors_total": frozenset({"stage"}),
     "islwatch_proxy_errors_total": frozenset(),
+    # The global body budget (proxy/server/budget.py) and the admin port's cap (proxy/server/exposition.py).
+    "islwatch_inflight_body_bytes": frozenset(),
+    "islwatch_body_budget_total": frozenset({"event"}),
+    "islwatch_admin_requests_refused_total": frozenset({"reason"}),
     # The rest of usage (issue 15): per request, and which fields each answer reported at all.
     "islwatch_output_tokens": frozenset({"model", "endpoint"}),
     "islwatch_cached_prompt_tokens": frozenset({"model", "endpoint"}),
