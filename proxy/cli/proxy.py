@@ -47,8 +47,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--analysis-memo", type=int, metavar="N",
       help="outcomes kept for repeated request bodies, reused when the server count repeats (default 1024; 0: off)")  # fmt: skip
     a("--inject-stream-usage", action="store_true", default=None,
-      help="ask streaming requests' upstream for usage and hide it from the client (not for a client "
-           "that accepts a compressed answer, nor a body that sets stream_options: no rewrite then)")  # fmt: skip
+      help="ask streaming requests' upstream for usage, uncompressed (Accept-Encoding: identity), and hide it "
+           "from the client (not for a client that refuses identity, nor a body that sets stream_options)")  # fmt: skip
     a(
         "--dump-mismatches",
         metavar="DIR",

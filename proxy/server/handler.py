@@ -79,6 +79,7 @@ async def _handle(request: web.Request) -> web.StreamResponse:
                 req.data,
                 ctx.metrics.upstream_retried,
                 request.app[FRESH_SESSION],
+                identity=req.identity_upstream,
             )
         except UpstreamFailed as exc:
             status = FAILURE_STATUS[exc.kind]

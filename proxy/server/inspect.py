@@ -50,6 +50,8 @@ class Inspected:
     tokenizer_key: str | None = None  # None: not analysed
     injected: bool = False  # stream_options.include_usage was added; the answer is stripped of it again
     skipped: bool = False  # analysable, but the sample rate left it out: relayed only, nothing tapped
+    # Sent upstream with `Accept-Encoding: identity` in place of the client's field (`identity_upstream`).
+    identity_upstream: bool = False
 
     @property
     def endpoint_label(self) -> str:
@@ -108,30 +110,55 @@ def injection_refused(obj: dict[str, Any], accept_encoding: str | None) -> str |
     - The body already holds `stream_options` (include_usage false, null, or with other keys such as vLLM's
       continuous_usage_stats): turning it on could change every chunk, and rewriting a member in place is
       not worth the risk to the client's bytes.
-    - The client accepts a compressed answer: the server may then compress the stream, and a compressed
-      stream cannot be edited without re-encoding it (other bytes). An absent Accept-Encoding is taken as
-      identity, as Starlette's GZipMiddleware (vLLM and SGLang serve with Starlette) decides whether to
-      compress (RFC 9110 12.5.3 allows any coding there). A server that compresses anyway is relayed as
-      sent and counted (`UsageTap.injection_result`: compressed)."""
+    - The client accepts only compressed answers (`identity;q=0`, or `*;q=0` with no identity entry, beside
+      a coding it accepts): the stripper edits only an uncompressed stream, and re-encoding it would send
+      other bytes. A client that accepts compression and identity (the OpenAI SDK's httpx sends
+      `gzip, deflate`) is asked usage for: `identity_upstream` has the request go with
+      `Accept-Encoding: identity`, so the server sends an uncompressed stream the client declared acceptable
+      (RFC 9110 12.5.3), its content unchanged but for the stripped event. A server that compresses anyway
+      is relayed as sent and counted (`UsageTap.injection_result`: compressed)."""
     if "stream_options" in obj:
         return "skipped_options"
-    if accepts_compression(accept_encoding):
+    if accepts_compression(accept_encoding) and not accepts_identity(accept_encoding):
         return "skipped_encoding"
     return None
 
 
+def identity_upstream(accept_encoding: str | None) -> bool:
+    """Whether an injected request goes upstream with `Accept-Encoding: identity` in place of the client's
+    field: when that field lets the server compress. An absent field allows any coding (RFC 9110 12.5.3),
+    and servers differ on it (Starlette's GZipMiddleware, in vLLM and SGLang, does not compress then), so it
+    is made explicit too. A field that already rules out compression goes as sent."""
+    return accept_encoding is None or accepts_compression(accept_encoding)
+
+
+def _weights(accept_encoding: str | None) -> dict[str, bool]:
+    """Each coding the Accept-Encoding field lists, lower case: whether its weight is above zero (RFC 9110
+    12.4.2: `q=0` means not acceptable; the last entry for a coding wins)."""
+    weights: dict[str, bool] = {}
+    for item in (accept_encoding or "").split(","):
+        coding, *params = item.split(";")
+        coding = coding.strip().lower()
+        if not coding:
+            continue
+        weights[coding] = True
+        for param in params:
+            name, _, weight = param.strip().lower().partition("=")
+            if name.strip() == "q":
+                weights[coding] = weight.strip().rstrip("0").rstrip(".") not in ("0", "")
+    return weights
+
+
 def accepts_compression(accept_encoding: str | None) -> bool:
     """The Accept-Encoding field lists a coding other than identity with a non-zero weight (RFC 9110 12.5.3)."""
-    for item in (accept_encoding or "").split(","):
-        coding, _, params = item.partition(";")
-        coding = coding.strip().lower()
-        if coding in ("", "identity"):
-            continue
-        weight = params.strip().lower().replace(" ", "")
-        if weight.startswith("q=") and weight[2:].rstrip("0").rstrip(".") in ("0", ""):
-            continue
-        return True
-    return False
+    return any(ok for coding, ok in _weights(accept_encoding).items() if coding != "identity")
+
+
+def accepts_identity(accept_encoding: str | None) -> bool:
+    """An uncompressed answer is acceptable: unless the field holds `identity;q=0`, or `*;q=0` without an
+    entry for identity (RFC 9110 12.5.3)."""
+    weights = _weights(accept_encoding)
+    return weights.get("identity", weights.get("*", True))
 
 
 def with_stream_usage(body: bytes) -> bytes:
@@ -175,7 +202,9 @@ async def inspect(request: web.Request, policy: Policy, metrics: Metrics, proble
         metrics.bad_request(reason)
         problems(reason, "%s request not analysed (%d bytes)", endpoint, len(body))
         return Inspected(endpoint, body, body)
-    accept_encoding = ",".join(request.headers.getall("Accept-Encoding", ())) or None
+    # None only when the field is absent: an empty one means identity (RFC 9110 12.5.3) and goes as sent.
+    fields = request.headers.getall("Accept-Encoding", None)
+    accept_encoding = None if fields is None else ",".join(fields)
     return _routed(endpoint, body, parsed, policy, metrics, problems, accept_encoding)
 
 
@@ -207,6 +236,9 @@ def _routed(
         refused = injection_refused(parsed, accept_encoding)
         if refused is not None:  # relayed as sent: this stream has no server usage
             metrics.injection(refused)
-        else:  # ask for usage upstream; the tap takes it out of the client's stream again
+        else:  # ask for usage upstream, uncompressed; the tap takes it out of the client's stream again
             data, injected = with_stream_usage(body), True
-    return Inspected(endpoint, data, body, parsed, route.label, key, injected, skipped)
+    identity = injected and identity_upstream(accept_encoding)
+    return Inspected(
+        endpoint, data, body, parsed, route.label, key, injected, skipped, identity_upstream=identity
+    )

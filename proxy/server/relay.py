@@ -67,8 +67,8 @@ class UsageTap:
     def __init__(self, sse: bool, strip: bool, coding: str = "") -> None:
         readable = coding == "" or coding in _ZLIB_CODINGS
         self.decoder = Decoder() if coding in _ZLIB_CODINGS else None
-        # Only an identity stream is edited; a compressed one is relayed as sent (inspect.py does not ask for
-        # usage when the client accepts compression, so this is a server that compressed unasked).
+        # Only an identity stream is edited; a compressed one is relayed as sent (a request whose usage was
+        # asked goes with `Accept-Encoding: identity`, so this is a server that compressed regardless).
         self.stripper = SSEUsageStripper() if sse and strip and not coding else None
         self.parser = SSEUsageParser() if sse and self.stripper is None and readable else None
         self.json = JSONUsageWindow(whole=JSON_WHOLE_BYTES) if not sse and readable else None

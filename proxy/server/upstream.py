@@ -96,6 +96,21 @@ def forward_headers(raw: Sequence[tuple[bytes, bytes]], drop_length: bool) -> li
     return decoded((n, v) for n, v in raw if n.lower() not in drop)
 
 
+def identity_only(fields: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """`fields` with the client's Accept-Encoding lines replaced by one `Accept-Encoding: identity`, where
+    the first of them stood (at the end when there was none): the answer to a request whose usage was asked
+    for must come back uncompressed for the injected event to be taken out (inspect.identity_upstream)."""
+    kept: list[tuple[str, str]] = []
+    at = None
+    for name, value in fields:
+        if name.lower() == "accept-encoding":
+            at = len(kept) if at is None else at
+        else:
+            kept.append((name, value))
+    kept.insert(len(kept) if at is None else at, ("Accept-Encoding", "identity"))
+    return kept
+
+
 def upstream_url(base: str, request: web.Request) -> URL:
     # The path and query go upstream exactly as the client wrote them (encoded=True: no re-quoting); an
     # absolute-form target (`GET http://elsewhere/ HTTP/1.1`) contributes only its path: not an open proxy.
@@ -109,15 +124,19 @@ async def open_upstream(
     data: Any,
     on_retry: Callable[[], None] = lambda: None,
     fresh: aiohttp.ClientSession | None = None,
+    *,
+    identity: bool = False,
 ) -> aiohttp.ClientResponse:
     """Send the request upstream and wait for its status line and headers; raises UpstreamFailed. A request
     lost on a reused connection before any response byte is sent once more, on a new connection: through
     `fresh` (a session that never pools), since the pool's other idle connections may be closed as well
-    (llama-server closes each after a stream)."""
+    (llama-server closes each after a stream). `identity`: send `Accept-Encoding: identity` in place of the
+    client's field (`identity_only`); every other line goes as received."""
     # The client's Content-Length goes as sent while it is still the body's length (not when the body was
     # rewritten to ask for usage); aiohttp adds one only when none is given (ClientRequest.update_body_from_data).
     resized = isinstance(data, bytes) and request.content_length != len(data)
-    headers = for_client(forward_headers(request.raw_headers, drop_length=resized))
+    fields = forward_headers(request.raw_headers, drop_length=resized)
+    headers = for_client(identity_only(fields) if identity else fields)
     for attempt in (1, 2):
         forget_pooled()
         try:

@@ -3,8 +3,9 @@
 The upstream answers as a server does: with the usage-only event only when the request asked for it. A raw
 client must receive exactly what the upstream would have sent it without the proxy (the usage event taken
 out, every other byte as sent), the proxy must record the server's count, and the upstream must receive the
-client's body byte for byte with only `stream_options` added. Compressed streams are read through a
-decompressing copy and never rewritten; a stream whose events end in CR alone is not held for an LF.
+client's body byte for byte with only `stream_options` added, and `Accept-Encoding: identity` in place of
+a field that lets the server compress (the real openai client's included). Compressed streams are read
+through a decompressing copy and never rewritten; a stream whose events end in CR alone is not held for an LF.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import openai
 import orjson
 import pytest
 
 from proxy.server.app import run_proxy
+from proxy.server.inspect import accepts_identity, identity_upstream, injection_refused
+from proxy.server.upstream import identity_only
 from tests.eventually import eventually
 from tests.reliability.test_header_fidelity import DATE, raw_server
 from tests.server.helpers import Background, parse_metrics, proxy_config, value
@@ -98,6 +102,7 @@ class Upstream:
     it sends the head and the first event, then waits for `release` before the rest."""
 
     bodies: list[bytes] = field(default_factory=list)
+    heads: list[bytes] = field(default_factory=list)  # each request's head, as received
     hold: bool = False
     waiting: asyncio.Event = field(default_factory=asyncio.Event)
     release: asyncio.Event = field(default_factory=asyncio.Event)
@@ -107,6 +112,7 @@ class Upstream:
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
+            self.heads.append(head)
             fields = dict(
                 (line.split(b":", 1)[0].strip().lower(), line.split(b":", 1)[1].strip())
                 for line in head.split(b"\r\n")[1:]
@@ -186,6 +192,11 @@ def _request(body: bytes, *fields: bytes) -> bytes:
     )  # fmt: skip
 
 
+def _field_lines(head: bytes, name: bytes) -> list[bytes]:
+    """The field lines of `head` named `name` (any case), whole, as received."""
+    return [line for line in head.split(b"\r\n")[1:] if line.split(b":", 1)[0].lower() == name.lower()]
+
+
 def _dechunk(data: bytes) -> bytes:
     out, at = [], 0
     while True:
@@ -217,6 +228,9 @@ def test_each_framing_is_stripped_exactly_and_counted(servers: Servers, name: st
     assert head.startswith(b"HTTP/1.1 200")
     assert body == answer.body(False)  # what the upstream sends a client that did not ask for usage
     assert servers.upstream.bodies[-1] == BODY[:-1] + b',"stream_options":{"include_usage":true}}'
+    # The client sent no Accept-Encoding (any coding then): the upstream is told identity, so it cannot
+    # compress a stream that must be edited.
+    assert _field_lines(servers.upstream.heads[-1], b"accept-encoding") == [b"Accept-Encoding: identity"]
     after = servers.settled_after(before, "islwatch_isl_tokens_count", kind="server")
     assert (
         value(after, "islwatch_isl_tokens_sum", kind="server")
@@ -227,12 +241,22 @@ def test_each_framing_is_stripped_exactly_and_counted(servers: Servers, name: st
     assert value(after, stripped, result="stripped") == value(before, stripped, result="stripped") + 1
 
 
-def test_a_client_that_accepts_gzip_is_not_rewritten(servers: Servers) -> None:
-    """The server may compress its answer; a compressed stream cannot be edited: the request goes as sent,
-    and the answer (no usage: not asked) is relayed byte for byte and counted without a server count."""
+@pytest.mark.parametrize(
+    "accept",
+    [
+        b"Accept-Encoding: gzip, identity;q=0",
+        b"Accept-Encoding: br, *;q=0",
+        b"accept-encoding: gzip;q=1, IDENTITY; q=0.000",
+    ],
+)
+def test_a_client_that_refuses_identity_is_not_rewritten(servers: Servers, accept: bytes) -> None:
+    """The server will compress its answer and a compressed stream cannot be edited: the request goes as
+    sent, its Accept-Encoding line included, and the answer (no usage: not asked) is relayed byte for byte
+    and counted without a server count."""
     before = servers.metrics()
-    head, body = _exchange(servers, _request(BODY, b"X-Answer: gzip", b"Accept-Encoding: gzip, br"))
+    head, body = _exchange(servers, _request(BODY, b"X-Answer: gzip", accept))
     assert servers.upstream.bodies[-1] == BODY
+    assert _field_lines(servers.upstream.heads[-1], b"accept-encoding") == [accept]
     assert body == ANSWERS["gzip"].body(False) and b"content-encoding: gzip" in head.lower()
     after = servers.settled_after(before, "islwatch_isl_match_total", result="no_server_count")
     skipped = "islwatch_stream_usage_injections_total"
@@ -242,11 +266,130 @@ def test_a_client_that_accepts_gzip_is_not_rewritten(servers: Servers) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "accept",
+    [b"Accept-Encoding: gzip, deflate", b"Accept-Encoding: gzip, deflate, br, zstd", b"Accept-Encoding: *"],
+)
+def test_a_client_that_accepts_compression_and_identity_is_asked_identity(
+    servers: Servers, accept: bytes
+) -> None:
+    """httpx (the OpenAI SDK) sends `gzip, deflate`: usage is asked, with `Accept-Encoding: identity` in
+    place of the client's line (the other lines in their order), and the client gets the uncompressed
+    stream it would have got without the proxy, the usage event taken out."""
+    before = servers.metrics()
+    request = _request(BODY, b"X-Before: 1", accept, b"X-After: 2", b"X-Answer: lf")
+    head, body = _exchange(servers, request)
+    assert head.startswith(b"HTTP/1.1 200") and b"content-encoding" not in head.lower()
+    assert body == ANSWERS["lf"].body(False)
+    assert servers.upstream.bodies[-1] == BODY[:-1] + b',"stream_options":{"include_usage":true}}'
+    lines = servers.upstream.heads[-1].split(b"\r\n")
+    at = lines.index(b"X-Before: 1")
+    assert lines[at : at + 3] == [b"X-Before: 1", b"Accept-Encoding: identity", b"X-After: 2"]
+    assert _field_lines(servers.upstream.heads[-1], b"accept-encoding") == [b"Accept-Encoding: identity"]
+    after = servers.settled_after(before, "islwatch_stream_usage_injections_total", result="stripped")
+    assert (
+        value(after, "islwatch_isl_tokens_sum", kind="server")
+        - value(before, "islwatch_isl_tokens_sum", kind="server")
+        == 12
+    )
+
+
+def test_the_openai_client_with_its_default_headers_is_injected(servers: Servers) -> None:
+    """The real openai client (httpx, `Accept-Encoding: gzip, deflate`...) streaming a chat: the upstream
+    is asked usage, uncompressed; the client's chunks hold no usage; the proxy counts the server's."""
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{servers.port}/v1",
+        api_key="test",
+        max_retries=0,
+        timeout=READ_DEADLINE_SECONDS,
+    )
+    before = servers.metrics()
+    try:
+        stream = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        chunks = list(stream)
+    finally:
+        client.close()
+    assert [c.choices[0].delta.content for c in chunks] == ["Hel", "lo"]
+    assert all(c.choices and c.usage is None for c in chunks)
+    head = servers.upstream.heads[-1]
+    assert b"/v1/chat/completions" in head.split(b"\r\n")[0]
+    assert ASKED in servers.upstream.bodies[-1]
+    assert b'"stream_options":{"include_usage":true}' in servers.upstream.bodies[-1]
+    assert _field_lines(head, b"accept-encoding") == [b"Accept-Encoding: identity"]
+    after = servers.settled_after(before, "islwatch_stream_usage_injections_total", result="stripped")
+    assert (
+        value(after, "islwatch_isl_tokens_sum", kind="server")
+        - value(before, "islwatch_isl_tokens_sum", kind="server")
+        == 12
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "counted"),
+    [
+        # Not streaming (the lf answer holds no usage then: counted without a server count).
+        (
+            b'{"model":"m","messages":[{"role":"user","content":"hi"}]}',
+            ("islwatch_isl_match_total", {"result": "no_server_count"}),
+        ),
+        # Streaming, usage asked by the client itself.
+        (
+            BODY[:-1] + b',"stream_options":{"include_usage":true}}',
+            ("islwatch_isl_tokens_count", {"kind": "server"}),
+        ),
+    ],
+    ids=["json", "asked"],
+)
+def test_accept_encoding_of_a_request_not_injected_goes_as_sent(
+    servers: Servers, body: bytes, counted: tuple[str, dict[str, str]]
+) -> None:
+    accept = b"accept-ENCODING: gzip ;q=0.8,  br, deflate;q=0.1"
+    before = servers.metrics()
+    _exchange(servers, _request(body, b"X-Answer: lf", accept, b"Accept-Encoding: zstd"))
+    assert servers.upstream.bodies[-1] == body
+    lines = _field_lines(servers.upstream.heads[-1], b"accept-encoding")
+    assert lines == [accept, b"Accept-Encoding: zstd"]  # both lines, byte for byte
+    servers.settled_after(before, counted[0], **counted[1])  # analysed before the next test's snapshot
+
+
+@pytest.mark.parametrize(
+    ("field", "refused", "identity"),
+    [
+        (None, None, True),  # absent: any coding (RFC 9110 12.5.3), made explicit
+        ("", None, False),  # empty: identity only
+        ("identity", None, False),
+        ("gzip, deflate", None, True),
+        ("gzip;q=0, identity", None, False),
+        ("gzip, identity;q=0", "skipped_encoding", False),
+        ("gzip, *;q=0", "skipped_encoding", False),
+        ("gzip, *;q=0, identity;q=0.5", None, True),
+        ("gzip, identity;q=0.001", None, True),
+        ("*", None, True),
+        ("*;q=0", None, False),  # accepts nothing: the server answers identity or refuses, either unedited
+    ],
+)
+def test_what_an_accept_encoding_field_allows(field: str | None, refused: str | None, identity: bool) -> None:
+    obj = {"stream": True}
+    assert injection_refused(obj, field) == refused
+    assert (refused is None and identity_upstream(field)) is identity
+    assert injection_refused({**obj, "stream_options": None}, field) == "skipped_options"
+
+
+def test_identity_only_replaces_every_accept_encoding_line_where_the_first_stood() -> None:
+    fields = [("A", "1"), ("accept-encoding", "gzip"), ("B", "2"), ("Accept-Encoding", "br"), ("C", "3")]
+    assert identity_only(fields) == [("A", "1"), ("Accept-Encoding", "identity"), ("B", "2"), ("C", "3")]
+    assert identity_only([("A", "1")]) == [("A", "1"), ("Accept-Encoding", "identity")]
+    assert accepts_identity("br, IDENTITY;Q=0") is False
+
+
 def test_a_gzip_stream_that_asked_for_usage_is_read_through_a_decompressing_copy(servers: Servers) -> None:
     asked = BODY[:-1] + b',"stream_options":{"include_usage":true}}'
     before = servers.metrics()
     _, body = _exchange(servers, _request(asked, b"X-Answer: gzip", b"Accept-Encoding: gzip"))
     assert servers.upstream.bodies[-1] == asked
+    assert _field_lines(servers.upstream.heads[-1], b"accept-encoding") == [b"Accept-Encoding: gzip"]
     assert body == ANSWERS["gzip"].body(True)  # the compressed bytes as the upstream sent them
     after = servers.settled_after(before, "islwatch_isl_tokens_count", kind="server")
     assert (
@@ -257,11 +400,13 @@ def test_a_gzip_stream_that_asked_for_usage_is_read_through_a_decompressing_copy
 
 
 def test_a_stream_compressed_unasked_is_relayed_as_sent(servers: Servers) -> None:
-    """A client that sends no Accept-Encoding is asked usage for; a server that compresses anyway gets its
-    bytes relayed as sent (a compressed stream cannot be edited), counted `compressed`, usage still read."""
+    """A client that sends no Accept-Encoding is asked usage for, with `Accept-Encoding: identity`; a
+    server that compresses anyway gets its bytes relayed as sent (a compressed stream cannot be edited),
+    counted `compressed`, usage still read."""
     before = servers.metrics()
     head, body = _exchange(servers, _request(BODY, b"X-Answer: gzip"))
     assert ASKED in servers.upstream.bodies[-1]
+    assert _field_lines(servers.upstream.heads[-1], b"accept-encoding") == [b"Accept-Encoding: identity"]
     assert body == ANSWERS["gzip"].body(True) and b"content-encoding: gzip" in head.lower()
     after = servers.settled_after(before, "islwatch_isl_tokens_count", kind="server")
     assert (
@@ -347,9 +492,9 @@ def test_a_cr_only_event_is_not_held_for_a_newline(servers: Servers) -> None:
 
 
 def test_a_compressed_event_is_not_held(servers: Servers) -> None:
-    """A server that compresses a stream it was asked usage for (the client sent no Accept-Encoding): the
-    compressed bytes of its first event reach the client while the upstream waits (the old stripper split
-    the compressed bytes on LF and held them)."""
+    """A server that compresses a stream it was asked usage for (and identity: the client sent no
+    Accept-Encoding): the compressed bytes of its first event reach the client while the upstream waits (the
+    old stripper split the compressed bytes on LF and held them)."""
     before = servers.metrics()
     received = _held_exchange(
         servers,

@@ -51,9 +51,8 @@ def _drive(background: Background, rate: float, state: UpstreamState) -> dict[An
         async with aiohttp.ClientSession() as s:
             await wait_metrics(s, admin_url, lambda m: value(m, "islwatch_analysis_workers_live") >= 1)
             for _ in range(N):
-                # identity only: a client that accepts gzip is not asked usage for (inspect.injection_refused)
-                identity = {"Accept-Encoding": "identity"}
-                async with s.post(url + "/v1/chat/completions", json=CHAT, headers=identity) as resp:
+                # aiohttp's default Accept-Encoding (gzip, deflate) allows identity: usage is asked.
+                async with s.post(url + "/v1/chat/completions", json=CHAT) as resp:
                     assert resp.status == 200, await resp.text()
                     await resp.read()
             return await wait_metrics(

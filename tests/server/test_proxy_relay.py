@@ -316,8 +316,8 @@ async def test_relays_chunk_by_chunk_not_buffered(servers: Servers) -> None:
         assert await server_tokens_counted(s, servers.faults.admin_url, before) == 7
 
 
-# aiohttp's client accepts gzip unless told otherwise; a client that accepts a compressed answer is not
-# asked usage for (inspect.injection_refused): these clients take identity, as curl does by default.
+# aiohttp's client accepts gzip unless told otherwise; the proxy asks the upstream for identity when it asks
+# for usage, so the direct request asks for identity too (as curl does by default) to compare the answers.
 IDENTITY = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
 
 
