@@ -12,12 +12,15 @@ against it.
 
 With `--workload agent`, the ladder sends agent conversations (loadgen/workload/agent.py: each request
 a whole conversation so far, `--agent-rounds` rounds after the first request, `--round-isl` tokens each),
-whose follow-ups are budgeted on the sending loop as replies arrive; first the budgeting cost of one request
-is measured in-process, per round from 1 to `--agent-rounds` (the request grows by a round each time, and
-each measurement renders and counts the whole conversation).
+built whole before the open loop's clock starts (their follow-ups ignore the replies); first the budgeting
+cost of one request is measured in-process, per round from 1 to `--agent-rounds` (the request grows by a
+round each time, and each measurement renders and counts the whole conversation).
+
+`--variant-rev REV` runs every rate with the loadgen of another git revision too (exported with `git
+archive`), alternating with this tree's: an A/B of a change on the same machine state.
 
 Usage: python -m bench.loadgen_capacity [--rates 500,1000,2000,3000,4000,6000] [--workers 1,2] [--repeats 3]
-       [--quick] [--workload agent --agent-rounds 8 --round-isl 300]
+       [--quick] [--workload agent --agent-rounds 8 --round-isl 300] [--variant-rev REV]
 """
 
 from __future__ import annotations
@@ -35,25 +38,26 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import SHARED_TOKENIZERS, machine, pct, write_result
-from bench.proxy_overhead import free_port, start
+from bench.proxy_overhead import export_rev, free_port, start
 
 LATE_P99_MS = 2.0
 
 
 def run_loadgen(
     url: str, tokenizer: str, rate: int, workers: int, seconds: float, isl: int, tmp: Path,
-    extra: list[str] | None = None,
+    extra: list[str] | None = None, env: dict[str, str] | None = None, code: str = "islwatch",
 ) -> dict:  # fmt: skip
-    records = tmp / f"rec-{rate}-{workers}.jsonl"
+    records = tmp / f"rec-{code}-{rate}-{workers}.jsonl"
+    records.unlink(missing_ok=True)  # a repeat's records, not the run before's
     cmd = [sys.executable, "-m", "proxy.cli", "--log-level", "WARNING", "loadgen", "--url", url,
            "--tokenizer", tokenizer, "--isl", str(isl), "--osl", "16", "--request-rate", str(rate),
            "--arrival", "constant", "--duration", str(seconds), "--workers", str(workers),
            "--records", str(records), "--timeout-seconds", "30", *(extra or [])]  # fmt: skip
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, check=False)
+    done = subprocess.run(cmd, capture_output=True, check=False, env=env)
     total_s = time.perf_counter() - t0
     if not records.exists():
-        return {"rate": rate, "workers": workers, "error": done.stderr.decode()[-800:]}
+        return {"code": code, "rate": rate, "workers": workers, "error": done.stderr.decode()[-800:]}
     recs = [json.loads(line) for line in records.read_text().splitlines() if line]
     recs = [r for r in recs if not r.get("warmup")]
     sent = sorted(r["sent_at"] for r in recs)
@@ -63,6 +67,7 @@ def run_loadgen(
     span = sent[-1] - sent[0] if len(sent) > 1 else 0.0
     achieved = (len(sent) - 1) / span if span else 0.0
     out = {
+        "code": code,
         "rate": rate,
         "workers": workers,
         "requests": len(recs),
@@ -92,6 +97,7 @@ def verdict(runs: list[dict]) -> dict:
     median = p99s[len(p99s) // 2] if p99s else None
     sent = len(ok) == len(runs) and all(r["sent"] for r in ok)
     return {
+        "code": runs[0].get("code", "islwatch"),
         "workers": runs[0]["workers"],
         "rate": runs[0]["rate"],
         "runs": len(runs),
@@ -167,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agent-rounds", type=int, default=8, help="agent: rounds per conversation")
     p.add_argument("--round-isl", type=int, default=300, help="agent: templated tokens per round")
     p.add_argument("--cost-conversations", type=int, default=20, help="agent: conversations timed in-process")
+    p.add_argument("--variant-rev", metavar="REV",
+                   help="also run every rate with the loadgen of this git revision (e.g. the code before a change)")  # fmt: skip
     args = p.parse_args(argv)
     if args.quick:
         args.rates, args.workers, args.seconds, args.repeats = "500,2000", "1", 2.0, 1
@@ -195,27 +203,40 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     rows: list[dict[str, Any]] = []
     verdicts: list[dict[str, Any]] = []
-    print(f"{'workers':>7} {'rate':>6} {'achieved':>9} {'err':>5} {'late p50':>9} {'late p99':>9} "
+    print(f"{'code':>8} {'workers':>7} {'rate':>6} {'achieved':>9} {'err':>5} {'late p50':>9} {'late p99':>9} "
           f"{'>1ms':>6} {'lat p99':>8}  held")  # fmt: skip
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        # The variant's loadgen: that revision's code first on the path (PYTHONSAFEPATH: not the cwd's).
+        codes = {"islwatch": None}
+        if args.variant_rev:
+            tree = export_rev(args.variant_rev, Path(tmp) / "variant")
+            codes["variant"] = {**os.environ, "PYTHONPATH": tree, "PYTHONSAFEPATH": "1"}
         up = f"http://127.0.0.1:{free_port()}"
         start(stack, "bench.replay_upstream", ["--static", "--listen", up[7:]], up + "/health", env)
         for w in workers:
             for rate in rates:
-                runs = []
-                for _ in range(args.repeats):
-                    r = run_loadgen(up, args.tokenizer, rate, w, args.seconds, args.isl, Path(tmp), extra)
-                    runs.append(r)
-                    if "error" in r:
-                        print(f"{w:7d} {rate:6d} loadgen failed: {r['error']}")
-                        continue
-                    print(f"{w:7d} {rate:6d} {r['achieved_rps']:9.0f} {r['errors']:5d} {r['late_p50_ms']:9.3f} "
-                          f"{r['late_p99_ms']:9.3f} {r['late_over_1ms']:6.1%} {r['latency_p99_ms']:8.2f}  {r['held']}")  # fmt: skip
-                rows.extend(runs)
-                verdicts.append(v := verdict(runs))
-                print(f"{w:7d} {rate:6d} median p99 lateness {_ms(v['median_late_p99_ms'])}, "
-                      f"{v['runs_held']}/{v['runs']} runs held: rate held {v['held']}")  # fmt: skip
-    held = [v for v in verdicts if v["held"]]
+                runs: dict[str, list[dict[str, Any]]] = {code: [] for code in codes}
+                for i in range(args.repeats):
+                    order = list(codes) if i % 2 == 0 else list(reversed(codes))  # alternate who goes first
+                    for code in order:
+                        r = run_loadgen(up, args.tokenizer, rate, w, args.seconds, args.isl, Path(tmp), extra,
+                                        codes[code], code)  # fmt: skip
+                        runs[code].append(r)
+                        if "error" in r:
+                            print(f"{code:>8} {w:7d} {rate:6d} loadgen failed: {r['error']}")
+                            continue
+                        print(f"{code:>8} {w:7d} {rate:6d} {r['achieved_rps']:9.0f} {r['errors']:5d} {r['late_p50_ms']:9.3f} "
+                              f"{r['late_p99_ms']:9.3f} {r['late_over_1ms']:6.1%} {r['latency_p99_ms']:8.2f}  {r['held']}")  # fmt: skip
+                for code, code_runs in runs.items():
+                    rows.extend(code_runs)
+                    verdicts.append(v := verdict(code_runs))
+                    print(f"{code:>8} {w:7d} {rate:6d} median p99 lateness {_ms(v['median_late_p99_ms'])}, "
+                          f"{v['runs_held']}/{v['runs']} runs held: rate held {v['held']}")  # fmt: skip
+    by_code = {
+        code: max((v["rate"] for v in verdicts if v["held"] and v["code"] == code), default=None)
+        for code in codes
+    }
+    held = [v for v in verdicts if v["held"] and v["code"] == "islwatch"]
     best = max((r["rate"] for r in held), default=None)
     target = any(r["rate"] >= 2000 for r in held)
     print(
@@ -231,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         "workload": args.workload, "agent_rounds": args.agent_rounds, "round_isl": args.round_isl,
         "agent_cost": cost,
         "repeats": args.repeats, "rows": rows, "verdicts": verdicts, "highest_held_rps": best,
-        "target_2000_met": target,
+        "target_2000_met": target, "variant_rev": args.variant_rev, "highest_held_by_code": by_code,
         "aiperf": "not installed" if aiperf is None else "installed, comparison not implemented",
     })  # fmt: skip
     print(f"wrote {path}")

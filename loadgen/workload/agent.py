@@ -175,6 +175,8 @@ class AgentWorkload(Workload):
     """Agent conversations for one config and one served model (`served`: core/model.py's ServedModel, whose
     flavor counts; None: the reference counting path on `tok`). Deterministic for a (seed, run id)."""
 
+    replies_used = False  # the assistant turns are synthetic: a conversation can be built ahead of its sends
+
     def __init__(
         self, tok: Any, cfg: LoadgenConfig, served: Any = None, corpus: Corpus | None = None
     ) -> None:

@@ -54,6 +54,10 @@ class Conversation:
 class Workload:
     """Builds budgeted requests for one config and one tokenizer. Deterministic for a (seed, run id)."""
 
+    # Whether a follow-up depends on the reply before it. When not (agent loops: synthetic assistant turns),
+    # the open loop builds whole conversations before its clock starts (loadgen/send/runner.py).
+    replies_used = True
+
     def __init__(
         self, tok: Any, cfg: LoadgenConfig, corpus: Corpus | None = None, *, served: Any = None
     ) -> None:

@@ -23,6 +23,7 @@ from loadgen.config import LoadgenConfig
 from loadgen.report.model import build_report
 from loadgen.report.table import print_report
 from loadgen.send import proxy_metrics
+from loadgen.send import runner as runner_module
 from loadgen.send.runner import Engine
 from loadgen.workload.agent import AgentWorkload, Shape, conversation_requests, tool_schemas
 from loadgen.workload.conversations import Request
@@ -197,6 +198,57 @@ async def test_through_the_proxy_the_server_counts_every_round(family: str) -> N
     assert "per round: target vs achieved" in text
     row = next(line for line in text.splitlines() if line.strip("│ ").startswith("3 "))
     assert row.count(f"{ISL + 3 * ROUND:,}.0") == 3  # target, client and server means of round 3
+
+
+async def test_open_loop_sends_conversations_built_before_its_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The open loop builds agent conversations whole before it starts sending (no budgeting on the sending
+    loop), and sends the very bytes the conversation built ahead of time has, each at the server's count."""
+    folder = str(shared_dir("qwen3"))
+    served = load_served_model(folder)
+    runner, upstream = await start_emulator(EmulatorConfig(), tokenizer=served.tokenizer)
+    sent: list[tuple[str, int, bytes]] = []
+    real_send = runner_module.send
+
+    async def spy(session: Any, url: Any, req: Request, cfg: LoadgenConfig) -> Any:
+        sent.append((req.conversation, req.turn, req.wire))
+        return await real_send(session, url, req, cfg)
+
+    monkeypatch.setattr(runner_module, "send", spy)
+    cfg = agent_config(upstream, concurrency=None, request_rate=100, arrival="constant", request_count=10,
+                       tokenizer=folder, cache_bust="first_turn_prefix")  # fmt: skip
+    cfg, workload = build_workload(served.tokenizer, cfg)
+    built_while_sending: list[str] = []
+    clock = asyncio.Event()
+    for name in ("start", "follow_up"):
+        real = getattr(workload, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            if clock.is_set():
+                built_while_sending.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(workload, name, counted)
+    try:
+        records = await Engine(cfg, workload).run(ready=clock.set)
+    finally:
+        await runner.cleanup()
+    assert clock.is_set() and built_while_sending == []
+    assert len(records) == len(sent) == 10
+    for r in records:
+        assert r.error is None and r.budget_error is None, r
+        assert r.server_prompt_tokens == r.client_isl == r.target_isl == ISL + (r.turn - 1) * ROUND, r
+    ahead = agent_config(tokenizer=folder, cache_bust="first_turn_prefix")
+    fresh = build_workload(
+        served.tokenizer, ahead.model_copy(update={"request_rate": 100, "concurrency": None})
+    )[1]
+    assert isinstance(fresh, AgentWorkload)
+    convs = {cid: conversation_requests(fresh, cid) for cid in {c for c, _, _ in sent}}
+    for cid, turn, wire in sent:
+        assert wire == convs[cid][turn - 1].wire, (cid, turn)
+    by_conv: dict[str, list[int]] = {}
+    for cid, turn, _ in sent:
+        by_conv.setdefault(cid, []).append(turn)
+    assert all(turns == list(range(1, len(turns) + 1)) for turns in by_conv.values())
 
 
 AGENT_RECORD = {
