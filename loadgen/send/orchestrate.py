@@ -19,8 +19,9 @@ from loadgen.send import proxy_metrics
 from loadgen.send.runner import Engine, Record
 from loadgen.shards import shard_senders, shard_share
 from loadgen.workload.conversations import Workload
+from loadgen.workload.mistral_text import load_loadgen_tokenizer
 from loadgen.workload.sources import build_workload
-from proxy.core.tokenizer import LoadedTokenizer, load_tokenizer
+from proxy.core.tokenizer import LoadedTokenizer
 from proxy.runtime.loop import run as run_loop
 
 
@@ -35,7 +36,7 @@ class Prepared:
 def prepare(cfg: LoadgenConfig, loaded: LoadedTokenizer | None = None) -> Prepared:
     """Load the tokenizer and build one request before anything is sent. Raises ValueError / TokenizerLoadError,
     OSError (an unreadable --dataset, --trace or --corpus)."""
-    loaded = loaded or load_tokenizer(cfg.tokenizer)
+    loaded = loaded or load_loadgen_tokenizer(cfg)
     cfg, workload = build_workload(loaded.tokenizer, cfg)
     workload.preflight()
     o = workload.overhead()
@@ -51,7 +52,7 @@ def _worker_main(
     cfg_data: dict[str, Any], index: int, n: int, done: Any, ready: Any, go: Any, out: Any
 ) -> None:
     cfg = LoadgenConfig.model_validate(cfg_data)
-    cfg, workload = build_workload(load_tokenizer(cfg.tokenizer).tokenizer, cfg)
+    cfg, workload = build_workload(load_loadgen_tokenizer(cfg).tokenizer, cfg)
 
     def on_done(_: Record) -> None:
         with done.get_lock():

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -47,6 +47,7 @@ class Shape(StrEnum):
     NATIVE = "native"  # content null, reasoning_content, tool_calls; role tool results
     NATIVE_EMPTY = "native_empty_content"  # the same with content "" (templates that concatenate content)
     REASONING_IN_CONTENT = "reasoning_in_content"  # no reasoning field (mistral-common refuses it in history)
+    CALLS_ONLY = "calls_only"  # no text beside the calls (mistral-common's v3 format, Mistral Nemo's)
     TEXT = "text"  # all as text: assistant content, results in a user message
 
 
@@ -161,6 +162,8 @@ def round_messages(shape: Shape, rnd: Round, last_result: str) -> list[dict[str,
     msg: dict[str, Any] = {"role": "assistant", "tool_calls": list(rnd.calls)}
     if shape is Shape.REASONING_IN_CONTENT:
         msg["content"] = rnd.reasoning
+    elif shape is Shape.CALLS_ONLY:
+        msg["content"] = None
     else:
         msg["content"] = None if shape is Shape.NATIVE else ""
         msg["reasoning_content"] = rnd.reasoning
@@ -217,7 +220,9 @@ class AgentWorkload(Workload):
         tried = []
         for shape in SHAPES:
             for calls in sorted({min(2, self.cfg.parallel_calls), 1}, reverse=True):
-                first, second = self._round(rng, 0.0, calls), self._round(rng, 0.0, 1)
+                # Some reasoning: a format may take the calls alone but refuse text beside them.
+                first = replace(self._round(rng, 0.0, calls), reasoning="the")
+                second = replace(self._round(rng, 0.0, 1), reasoning="the")
                 msgs = [user, *round_messages(shape, first, "the")]
                 short, _ = self.count(self._body([*msgs, *round_messages(shape, second, "the")]))
                 long, err = self.count(self._body([*msgs, *round_messages(shape, second, "the " * 8)]))
@@ -235,8 +240,10 @@ class AgentWorkload(Workload):
         calls = conv.rng.randint(1, self.max_calls)
         rnd_seed = conv.rng.random()
         body_for = None
-        for scale in SCALES:
-            rnd = self._round(random.Random(rnd_seed), scale, calls)
+        # Smaller rounds until one fits: less reasoning and fewer early results, then one call (a call costs
+        # ~40 tokens in mistral-common's formats, which carry its id and arguments in the history).
+        for n, scale in [(calls, s) for s in SCALES] + [(1, s) for s in SCALES if calls > 1]:
+            rnd = self._round(random.Random(rnd_seed), scale, n)
             candidate = self._round_body(history, rnd)
             floor, err = self.count(candidate(""))
             if floor is None:

@@ -208,7 +208,7 @@ class Workload:
     def follow_up(self, conv: Conversation, reply: str) -> Request:
         """The next turn: the history, the reply just received, and a new user message of ISL tokens."""
         history = [*conv.messages, self._assistant(conv, reply)]
-        with_reply, err = self.count(self.chat(history, add_generation_prompt=False))
+        with_reply, err = self._history_count(history)
         isl = self._turn_isl(conv)
         if with_reply is None:
             return self._failed(conv, isl, conv.last_count + isl, f"history uncountable: {err}")
@@ -217,6 +217,19 @@ class Workload:
             return self._body([*history, {"role": "user", "content": self._user_content(text, None)}])
 
         return self._finish(conv, isl, with_reply + isl, with_reply - conv.last_count, body_for, None)
+
+    def _history_count(self, history: list[dict[str, Any]]) -> tuple[int | None, str | None]:
+        """The templated count of a history ending with the reply, as the next request renders it."""
+        value, err = self.count(self.chat(history, add_generation_prompt=False))
+        if value is None and self.served is not None and self.served.mistral is not None:
+            # mistral-common takes a final assistant message only as a prefix to continue; in a history the
+            # reply is that prefix closed by its EOS (one token).
+            prefix, _ = self.count(
+                self.chat(history, add_generation_prompt=False, continue_final_message=True)
+            )
+            if prefix is not None:
+                return prefix + 1, None
+        return value, err
 
     def _finish(
         self, conv: Conversation, isl: int, target: int, reply_tokens: int, body_for: Any, prior: str | None,

@@ -10,6 +10,7 @@ from loadgen.config import LoadgenConfig
 from loadgen.workload.agent import AgentWorkload
 from loadgen.workload.conversations import Workload
 from loadgen.workload.dataset import DatasetWorkload, load_dataset
+from loadgen.workload.mistral_text import MistralText
 from loadgen.workload.trace import TraceWorkload, load_trace, records_within
 from proxy.core.flavors import flavor_named
 from proxy.core.model import load_served_model
@@ -42,7 +43,9 @@ def build_workload(tok: Any, cfg: LoadgenConfig) -> tuple[LoadgenConfig, Workloa
         served = load_served_model(cfg.tokenizer, cfg.server_flavor)
         cfg = cfg.model_copy(update={"turns": cfg.agent_rounds + 1})  # the first request, then each round
         return cfg, AgentWorkload(tok, cfg, served=served)
-    return cfg, Workload(tok, cfg)
+    # Chat turns count through the Jinja template on `tok`, unless mistral-common renders them (`tok` is
+    # then only its text encoder, loadgen/workload/mistral_text.py).
+    return cfg, Workload(tok, cfg, served=served_model(cfg) if isinstance(tok, MistralText) else None)
 
 
 def served_model(cfg: LoadgenConfig) -> Any:

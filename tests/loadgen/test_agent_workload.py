@@ -24,18 +24,22 @@ from loadgen.report.model import build_report
 from loadgen.report.table import print_report
 from loadgen.send import proxy_metrics
 from loadgen.send import runner as runner_module
+from loadgen.send.orchestrate import prepare
 from loadgen.send.runner import Engine
 from loadgen.workload.agent import AgentWorkload, Shape, conversation_requests, tool_schemas
 from loadgen.workload.conversations import Request
 from loadgen.workload.dataset import DatasetWorkload, load_dataset
+from loadgen.workload.mistral_text import MistralText
 from loadgen.workload.sources import build_workload
 from proxy.core.endpoints import Endpoint
 from proxy.core.model import ServedModel, load_served_model
-from proxy.core.renderers import HARMONY
+from proxy.core.renderers import HARMONY, MISTRAL
+from proxy.core.renderers.mistral import tokenizer_file
 from proxy.emulator.app import EmulatorConfig, start_emulator
 from proxy.emulator.counting import chat_prompt_tokens
 from proxy.emulator.faults import Faults
 from tests.conftest import FAMILIES, shared_dir
+from tests.core.test_mistral_mode import model_folder as mistral_model_folder
 from tests.eventually import eventually_async
 from tests.lanes import sweep
 
@@ -249,6 +253,57 @@ async def test_open_loop_sends_conversations_built_before_its_clock(monkeypatch:
     for cid, turn, _ in sent:
         by_conv.setdefault(cid, []).append(turn)
     assert all(turns == list(range(1, len(turns) + 1)) for turns in by_conv.values())
+
+
+def mistral_common_count(folder: Path, body: dict[str, Any]) -> int:
+    """A wire body's prompt tokens by mistral-common itself (its OpenAI import and encoder, test mode as vLLM
+    loads it), not through islwatch's request handling."""
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+    from mistral_common.protocol.instruct.validator import ValidationMode
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    tok = MistralTokenizer.from_file(str(tokenizer_file(folder)), mode=ValidationMode.test)
+    request = ChatCompletionRequest.from_openai(messages=body["messages"], tools=body.get("tools"))
+    return len(tok.encode_chat_completion(request).tokens)
+
+
+@pytest.mark.parametrize("vocab", sweep(["nemo", "large-2411"]))
+def test_every_request_is_exact_through_mistral_common(vocab: str, tmp_path: Path) -> None:
+    """A model folder vLLM serves in its mistral tokenizer mode (only mistral-common's tokenizer file: Mistral
+    Nemo's tekken, Mistral Large 2411's v7): the loadgen loads it as `islwatch loadgen` does and every agent
+    request, then every turn of a plain conversation, is exactly its target by mistral-common's count."""
+    folder = mistral_model_folder(tmp_path, vocab)
+    cfg = agent_config(tokenizer=str(folder), shared_system_prompt_length=40, cache_bust="system_suffix")
+    prepared = prepare(cfg)  # the CLI's start: tokenizer, workload, one request built, the overheads
+    assert isinstance(prepared.loaded.tokenizer, MistralText) and prepared.loaded.identity.renderer == MISTRAL
+    w = prepared.workload
+    assert isinstance(w, AgentWorkload) and w.served is not None and w.served.mistral is not None
+    # Nemo's format takes no text beside tool calls; Large 2411's takes the reasoning as content.
+    assert w.shape is {"nemo": Shape.CALLS_ONLY, "large-2411": Shape.REASONING_IN_CONTENT}[vocab]
+    assert w.max_calls == 3
+    convs = [conversation_requests(w, f"c{i}") for i in range(2)]
+    for reqs in convs:
+        check_conversation(reqs, w)
+        for r in reqs:
+            assert mistral_common_count(folder, orjson.loads(r.wire)) == r.target_isl, (vocab, r.turn)
+    assert (
+        max(len(m["tool_calls"]) for reqs in convs for m in reqs[-1].body["messages"] if m.get("tool_calls"))
+        > 1
+    )
+    assert all(reqs[0].marker and reqs[0].marker in reqs[-1].body["messages"][0]["content"] for reqs in convs)
+
+    chat = LoadgenConfig(url="http://x", tokenizer=str(folder), isl=300, turns=3, osl=4, concurrency=1,
+                         request_count=3, run_id="chat", cache_bust="first_turn_prefix")  # fmt: skip
+    w2 = prepare(chat).workload
+    conv, req = w2.start("c0")
+    reqs = [req]
+    for reply in ("Sure, here is the plan.", "Done: the tests pass now."):
+        reqs.append(w2.follow_up(conv, reply))
+    for r in reqs:
+        assert r.error is None and r.client_isl == r.target_isl, (vocab, r.turn, r.error)
+        assert mistral_common_count(folder, orjson.loads(r.wire)) == r.target_isl, (vocab, r.turn)
+    assert [m["role"] for m in reqs[-1].body["messages"]] == ["user", "assistant"] * 2 + ["user"]
+    assert all(later.target_isl - earlier.target_isl > 300 for earlier, later in itertools.pairwise(reqs))
 
 
 AGENT_RECORD = {
