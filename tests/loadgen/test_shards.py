@@ -22,7 +22,7 @@ from loadgen.report.shard_dir import Clock, write_shard
 from loadgen.send.replies import Record
 from loadgen.shards import parse_shard, shard_senders, shard_share, share
 from proxy.runtime.children import free_port
-from tests.conftest import REPO
+from tests.conftest import REPO, shared_dir
 
 CLI = [sys.executable, "-m", "proxy.cli"]
 SHARDS = 3
@@ -182,6 +182,74 @@ def test_merge_lines_up_a_machine_with_another_monotonic_clock(runs: dict[str, A
     assert again["latency_ms"] == runs["merged"]["latency_ms"]
     # Without the clock the shard's sends would sit 5000 s away: the span shows it was used.
     assert again["duration_s"] < 1000
+
+
+# An agent workload: qwen3 (native parallel tool calls, reasoning kept), closed loop with one user per sender
+# and whole conversations per sender, so which conversations are sent is settled by the split alone.
+AGENT_ROUNDS, AGENT_ISL, AGENT_ROUND = 3, 800, 150
+AGENT = ["--workload", "agent", "--isl", str(AGENT_ISL), "--round-isl", str(AGENT_ROUND), "--agent-rounds",
+         str(AGENT_ROUNDS), "--tools", "4", "--parallel-calls", "2", "--osl", "3", "--seed", "7", "--cache-bust",
+         "first_turn_prefix", "--concurrency", "2", "--request-count", str(2 * 2 * (AGENT_ROUNDS + 1))]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def qwen3_emulator() -> Iterator[str]:
+    port = free_port("127.0.0.1", 0)
+    args = [*CLI, "emulate", "--listen", f"127.0.0.1:{port}", "--tokenizer", str(shared_dir("qwen3"))]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert "listening on" in line, line
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def agent_loadgen(url: str, run_id: str, *extra: str) -> subprocess.Popen[str]:
+    args = [*CLI, "loadgen", "--url", url, "--tokenizer", str(shared_dir("qwen3")), *AGENT, "--run-id", run_id,
+            *extra]  # fmt: skip
+    return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_agent_shards_send_what_one_process_sends(qwen3_emulator: str, tmp_path: Path) -> None:
+    """2 shard processes of an agent workload, merged, against one process with as many senders (--workers
+    2): the same totals, request ids, exactness, and per-round table (target vs achieved per round)."""
+    run_id = "shards-agent"
+    procs = [agent_loadgen(qwen3_emulator, run_id, "--shard", f"{i}/2", "--run-dir", str(tmp_path / "run"))
+             for i in range(2)]  # fmt: skip
+    one = agent_loadgen(qwen3_emulator, run_id, "--workers", "2", "--output", str(tmp_path / "one.json"),
+                        "--records", str(tmp_path / "one.jsonl"))  # fmt: skip
+    for p in [*procs, one]:
+        _finish(p)
+    out = merge(
+        tmp_path / "run", "--output", tmp_path / "merged.json", "--records", tmp_path / "merged.jsonl"
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    one_report, merged = (orjson.loads((tmp_path / f"{n}.json").read_bytes()) for n in ("one", "merged"))
+    for key in ("requests", "succeeded", "failed"):
+        assert merged[key] == one_report[key], key
+    assert merged["requests"] == 16 and merged["failed"] == 0
+    for key in ("client_exact", "server_reported", "server_exact", "budget_errors"):
+        assert merged["isl"][key] == one_report["isl"][key], key
+    assert merged["isl"]["server_exact"] == 16 and merged["isl"]["budget_errors"] == 0
+    shard_records = [jsonl(d / "records.jsonl") for d in sorted((tmp_path / "run").iterdir())]
+    assert all(shard_records) and not {r["conversation"] for r in shard_records[0]} & {
+        r["conversation"] for r in shard_records[1]
+    }  # each shard its own conversations
+    merged_records = jsonl(tmp_path / "merged.jsonl")
+    assert ids(merged_records) == ids(jsonl(tmp_path / "one.jsonl"))
+    assert sorted({r["conversation"] for r in merged_records}) == ["c0", "c1", "c2", "c3"]
+    for r in merged_records:
+        assert r["server_prompt_tokens"] == r["target_isl"] == AGENT_ISL + (r["turn"] - 1) * AGENT_ROUND, r
+
+    def rounds(report: dict[str, Any]) -> list[dict[str, Any]]:  # the prefix cache share aside: the two
+        return [{k: v for k, v in t.items() if k != "cache"} for t in report["turns"]]  # runs share a cache
+
+    assert rounds(merged) == rounds(one_report)
+    assert [t["target_mean"] for t in rounds(merged)] == [AGENT_ISL + k * AGENT_ROUND for k in range(4)]
+    assert all(t["server_exact_rate"] == 1.0 and t["requests"] == 4 for t in rounds(merged))
+    assert "per round: target vs achieved" in out.stdout
 
 
 # --- refusals, on shard folders written by the code the loadgen uses (no processes needed) --------------------
