@@ -11,9 +11,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from proxy.runtime.children import free_port
 from tests.conftest import REPO
 from tests.lanes import sweep
+from tests.reliability.reliability_peers import running, start_emulator
 
 CLI = [sys.executable, "-m", "proxy.cli"]
 HEAVY = ("transformers", "tokenizers", "jinja2", "pydantic", "rich", "aiohttp", "prometheus_client")
@@ -29,17 +29,9 @@ print(" ".join(sorted(m for m in sys.modules if m.split(".")[0] in {heavy})))
 
 
 @pytest.fixture(scope="module")
-def emulator() -> Iterator[str]:
-    port = free_port("127.0.0.1", 0)
-    proc = subprocess.Popen(
-        [*CLI, "emulate", "--listen", f"127.0.0.1:{port}"], cwd=REPO, stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()  # the ready line
-    assert "listening on" in line, line
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=30)
+def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with running(start_emulator(tmp_path_factory.mktemp("emulate") / "emulate.log")) as child:
+        yield child.url
 
 
 def test_configure_needs_no_heavy_imports() -> None:

@@ -23,6 +23,7 @@ from loadgen.send.replies import Record
 from loadgen.shards import parse_shard, shard_senders, shard_share, share
 from proxy.runtime.children import free_port
 from tests.conftest import REPO, shared_dir
+from tests.reliability.reliability_peers import running, start_emulator
 
 CLI = [sys.executable, "-m", "proxy.cli"]
 SHARDS = 3
@@ -47,17 +48,9 @@ COMMON = [
 
 
 @pytest.fixture(scope="module")
-def emulator() -> Iterator[str]:
-    port = free_port("127.0.0.1", 0)
-    proc = subprocess.Popen(
-        [*CLI, "emulate", "--listen", f"127.0.0.1:{port}"], cwd=REPO, stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()  # the ready line
-    assert "listening on" in line, line
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=30)
+def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with running(start_emulator(tmp_path_factory.mktemp("emulate") / "emulate.log")) as child:
+        yield child.url
 
 
 def _finish(proc: subprocess.Popen[str]) -> None:
