@@ -311,6 +311,8 @@ REFUSED_BY_SGLANG = {
     "template_kwargs_chat_template",
     "empty_tool_call_arguments",
     "reasoning_effort_extreme",  # not a ReasoningEffortType tier
+    "null_ignore_eos",  # ChatCompletionRequest fields typed without None (as vLLM's: its table)
+    "null_echo_and_min_tokens",  # min_tokens (echo is not a field of SGLang's)
 }
 
 

@@ -245,6 +245,19 @@ def _template_kwargs(
     return {"reasoning_effort": effort, **kwargs} if effort is not None else kwargs
 
 
+# ChatCompletionRequest's fields typed without None (protocol.py): a null is pydantic's 400. Not tool_choice:
+# its before-validator `set_tool_choice_default` replaces a null.
+NOT_NULLABLE = (
+    "model", "frequency_penalty", "logprobs", "n", "presence_penalty", "stream", "parallel_tool_calls",
+    "return_hidden_states", "return_routed_experts", "routed_experts_start_len", "return_cached_tokens_details",
+    "return_spec_tokens_details", "return_prompt_token_ids", "return_token_ids", "return_meta_info",
+    "return_input_ids_in_sglext", "return_output_ids_in_sglext", "return_sampling_mask",
+    "return_flat_raw_output_top_logprobs", "return_flat_raw_top_logprobs_b64", "min_tokens", "no_stop_trim",
+    "ignore_eos", "continue_final_message", "skip_special_tokens", "separate_reasoning", "stream_reasoning",
+    "use_audio_in_video",
+)  # fmt: skip
+
+
 def chat_request(
     body: Any,
     template: str,
@@ -258,6 +271,8 @@ def chat_request(
         raise req.refuse("messages is not a list")
     if not body["messages"]:
         raise req.refuse("messages is empty")
+    if any(name in body and body[name] is None for name in NOT_NULLABLE):
+        raise req.refuse("null for a field that takes none")
     fmt = content_format(template)
     texts: list[str] = []
     media: dict[str, int] = {}
