@@ -154,11 +154,11 @@ def test_contradictions(kw: dict[str, Any], problem: str) -> None:
         agent_config(**kw)
 
 
-@pytest.mark.parametrize("family", sweep(["qwen3", "llama-3.1", "gemma-3"]))
+@pytest.mark.parametrize("family", sweep([*MODERN, *FAMILIES]))
 async def test_through_the_proxy_the_server_counts_every_round(family: str) -> None:
-    """Qwen3 (reasoning kept), Llama 3.1 (one call per turn), Gemma 3 (rounds as text): the emulator's
-    usage.prompt_tokens equals each request's target, the proxy matches every request exactly, and the
-    report's per-round table shows target and achieved."""
+    """Every shared family (Qwen3's reasoning kept, Llama 3.1's one call per turn, Gemma 3's and Mistral
+    v0.1's rounds as text, ...): the emulator's usage.prompt_tokens equals each request's target, the proxy
+    matches every request exactly, and the report's per-round table shows target and achieved."""
     from proxy.server.app import run_proxy
     from proxy.server.config import ProxyConfig
 
