@@ -2,7 +2,8 @@
 and a non-zero exit, never a traceback: invalid values and files (exit 2), and addresses it cannot listen
 on (exit 1), including an admin port already taken while the analysis workers are still loading (the
 start-up is cancelled under them: that once printed an asyncio traceback, in 1-3 runs of 3). Run as
-operators run it: the CLI in a child process."""
+operators run it, the CLI in a child process: forked from one interpreter that has imported the CLI
+(tests/forked_cli.py), and `python -m proxy.cli` itself for one error of each exit code."""
 
 from __future__ import annotations
 
@@ -17,20 +18,43 @@ from pathlib import Path
 
 import pytest
 
+from tests.forked_cli import ForkedCli
+
 ROOT = Path(__file__).resolve().parents[2]
 GUARD_SECONDS = 120  # a guard against a hung start, not a timing assertion
 UPSTREAM = ["--upstream", "http://127.0.0.1:9"]
 FREE = ["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]
 
 
+# What `islwatch proxy` imports when it runs, loaded once before the forks.
+PRELOAD = ("proxy.cli.proxy", "proxy.runtime.loop", "proxy.server.app", "proxy.server.config")
+_forks: list[ForkedCli] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def forks() -> Iterator[None]:
+    with ForkedCli(PRELOAD) as cli:
+        _forks.append(cli)
+        yield
+    _forks.clear()
+
+
 def islwatch_proxy(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, top: tuple[str, ...] = ()
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    top: tuple[str, ...] = (),
+    fresh: bool = False,
 ) -> tuple[int, str]:
-    """`islwatch [top...] proxy args...` with no ISLWATCH_ variable but those in `env`."""
+    """`islwatch [top...] proxy args...` with no ISLWATCH_ variable but those in `env`: a child forked from
+    the CLI already imported, or with `fresh` a new `python -m proxy.cli` process."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ISLWATCH_")}
     environ.update({"PYTHONPATH": str(ROOT), **(env or {})})
+    argv = [*top, "proxy", *args]
+    if not fresh:
+        return _forks[0].run(argv, environ, cwd=cwd, timeout=GUARD_SECONDS)
     done = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", *top, "proxy", *args], capture_output=True, text=True,
+        [sys.executable, "-m", "proxy.cli", *argv], capture_output=True, text=True,
         env=environ, timeout=GUARD_SECONDS, stdin=subprocess.DEVNULL, cwd=cwd,
     )  # fmt: skip
     return done.returncode, done.stdout + done.stderr
@@ -64,6 +88,17 @@ def taken_port() -> Iterator[int]:
 )
 def test_invalid_settings_exit_2_with_the_key(args: list[str], want: str) -> None:
     assert_one_line_error(*islwatch_proxy(*UPSTREAM, *args), 2, want)
+
+
+def test_the_command_itself_exits_2_and_1() -> None:
+    """The forks above run `main` as `python -m proxy.cli` does; here the command itself, from a new
+    interpreter, for one error of each exit code."""
+    assert_one_line_error(
+        *islwatch_proxy(*UPSTREAM, "--max-connections", "0", *FREE, fresh=True), 2, "max_connections"
+    )
+    with taken_port() as port:
+        out = islwatch_proxy(*UPSTREAM, "--listen", f"127.0.0.1:{port}", "--admin", "127.0.0.1:0", fresh=True)
+    assert_one_line_error(*out, 1, "address already in use")
 
 
 @pytest.mark.parametrize(
@@ -139,11 +174,13 @@ def test_a_host_that_does_not_resolve() -> None:
     assert_one_line_error(*out, 1, "islwatch proxy:")
 
 
+@pytest.mark.slow  # three new interpreters, each starting its analysis workers
 def test_the_admin_port_in_use_while_workers_load() -> None:
     """The traffic port is bound and the analysis workers are starting when the admin port fails: the
-    start-up is cancelled under them. Three at once (the race showed in 1-3 runs of 3)."""
+    start-up is cancelled under them. Three at once (the race showed in 1-3 runs of 3), each a new
+    interpreter as operators start it."""
     with taken_port() as port, ThreadPoolExecutor(3) as pool:
         args = (*UPSTREAM, "--listen", "127.0.0.1:0", "--admin", f"127.0.0.1:{port}")
-        runs = list(pool.map(lambda _: islwatch_proxy(*args), range(3)))
+        runs = list(pool.map(lambda _: islwatch_proxy(*args, fresh=True), range(3)))
     for out in runs:
         assert_one_line_error(*out, 1, "address already in use")
