@@ -15,9 +15,19 @@ from pathlib import Path
 from types import TracebackType
 
 REPO = Path(__file__).resolve().parents[1]
+# What `islwatch count` imports when it runs (proxy/cli/count.py), to preload.
+COUNT_IMPORTS = (
+    "orjson",
+    "proxy.cli.count",
+    "proxy.core.count",
+    "proxy.core.model",
+    "proxy.core.renderers.mistral",
+    "proxy.core.tokenizer",
+)
 
-# The fork server: reads one request a line ({argv, env, cwd, out, timeout}), forks, runs `main(argv)` in the
-# child with that environment and folder and its stdout+stderr in `out`, and answers the child's exit code
+# The fork server: reads one request a line ({argv, env, cwd, stdin, out, err, timeout}), forks, runs
+# `main(argv)` in the child with that environment, folder and input, its stdout in `out` and its stderr in
+# `err`, and answers the child's exit code
 # (null when it outlived `timeout` and was killed). The server itself stays single-threaded, so forking it is
 # safe.
 SERVER = r"""
@@ -28,10 +38,10 @@ for module in sys.argv[1:]:
 
 def child(req):
     os.setpgid(0, 0)  # a group of its own: a kill on timeout reaches the processes it started too
-    out = os.open(req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    os.dup2(os.open(req["out"], flags), 1)
+    os.dup2(os.open(req["err"], flags), 2)
+    os.dup2(os.open(req["stdin"], os.O_RDONLY), 0)
     os.environ.clear()
     os.environ.update(req["env"])
     os.chdir(req["cwd"])
@@ -79,21 +89,33 @@ class ForkedCli:
         )  # fmt: skip
 
     def run(
-        self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None = None, timeout: float = 120
-    ) -> tuple[int, str]:
-        """`islwatch argv...` with exactly `env` as its environment: its exit code and its stdout+stderr."""
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        stdin: bytes = b"",
+        timeout: float = 120,
+    ) -> subprocess.CompletedProcess[bytes]:
+        """`islwatch argv...` with `env` as its environment (default: this process's), `stdin` as its input:
+        its exit code, stdout and stderr, as subprocess.run gives them."""
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._runs += 1
-        out = Path(self._folder.name) / f"run-{self._runs}.out"
-        request = {"argv": list(argv), "env": dict(env), "cwd": str(cwd or REPO), "out": str(out)}
+        files = {k: Path(self._folder.name) / f"run-{self._runs}.{k}" for k in ("stdin", "out", "err")}
+        files["stdin"].write_bytes(stdin)
+        request = {
+            "argv": list(argv),
+            "env": dict(os.environ if env is None else env),
+            "cwd": str(cwd or REPO),
+            **{k: str(v) for k, v in files.items()},
+        }
         self._proc.stdin.write(json.dumps({**request, "timeout": timeout}) + "\n")
         self._proc.stdin.flush()
         reply = self._proc.stdout.readline()
         assert reply, f"the fork server exited ({self._proc.wait()})"
         code = json.loads(reply)
-        text = out.read_text()
-        assert code is not None, f"islwatch {' '.join(argv)} still ran after {timeout} s:\n{text}"
-        return int(code), text
+        out, err = files["out"].read_bytes(), files["err"].read_bytes()
+        assert code is not None, f"islwatch {' '.join(argv)} still ran after {timeout} s:\n{out!r}\n{err!r}"
+        return subprocess.CompletedProcess(["islwatch", *argv], int(code), out, err)
 
     def close(self) -> None:
         if self._proc.stdin is not None:

@@ -1,10 +1,12 @@
-"""`islwatch count` as a user runs it: a subprocess, JSON on stdout, one clear line and exit 2 on errors."""
+"""`islwatch count` as a user runs it: a child process, JSON on stdout, one clear line and exit 2 on errors.
+One test runs `python -m proxy.cli` itself; the others fork from an interpreter that has imported it."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,12 +14,28 @@ import pytest
 from proxy.core.tokenizer import load_tokenizer
 from tests.builders import save_tokenizer
 from tests.conftest import FAMILIES, shared_dir
+from tests.forked_cli import COUNT_IMPORTS, ForkedCli
 from tests.lanes import sweep
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
 
 
-def run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+_forks: list[ForkedCli] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def forks() -> Iterator[None]:
+    with ForkedCli(COUNT_IMPORTS) as cli:
+        _forks.append(cli)
+        yield
+    _forks.clear()
+
+
+def run(*args: str, stdin: bytes | None = None, fresh: bool = False) -> subprocess.CompletedProcess[bytes]:
+    """`islwatch count args...` in a child forked from an interpreter that has imported it
+    (tests/forked_cli.py), or with `fresh` a new `python -m proxy.cli` process."""
+    if not fresh:
+        return _forks[0].run(["count", *args], stdin=stdin or b"")
     return subprocess.run(
         [sys.executable, "-m", "proxy.cli", "count", *args],
         input=stdin,
@@ -33,7 +51,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_count_stdin_prints_required_keys(built: str) -> None:
-    proc = run("--tokenizer", built, stdin=json.dumps(BODY).encode())
+    proc = run("--tokenizer", built, stdin=json.dumps(BODY).encode(), fresh=True)  # the command itself
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     for key in (

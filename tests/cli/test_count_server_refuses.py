@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
+from collections.abc import Iterator
 
 import pytest
 
 from tests.builders import save_tokenizer
+from tests.forked_cli import COUNT_IMPORTS, ForkedCli
 from tests.lanes import sweep
 
 # The [INST] template (tests/builders.py) raises on a system role and on roles that do not alternate.
@@ -23,14 +24,21 @@ SYSTEM = {
 USER = {"model": "m", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
 
 
+_forks: list[ForkedCli] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def forks() -> Iterator[None]:
+    with ForkedCli(COUNT_IMPORTS) as cli:
+        _forks.append(cli)
+        yield
+    _forks.clear()
+
+
 def count(tokenizer: str, body: object, *args: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "count", "--tokenizer", tokenizer, *args],
-        input=json.dumps(body).encode(),
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
+    """`islwatch count` in a child forked from an interpreter that has imported it (tests/forked_cli.py);
+    tests/cli/test_count_cli.py runs the command itself."""
+    return _forks[0].run(["count", "--tokenizer", tokenizer, *args], stdin=json.dumps(body).encode())
 
 
 @pytest.fixture(scope="module")

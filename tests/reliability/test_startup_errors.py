@@ -52,7 +52,8 @@ def islwatch_proxy(
     environ.update({"PYTHONPATH": str(ROOT), **(env or {})})
     argv = [*top, "proxy", *args]
     if not fresh:
-        return _forks[0].run(argv, environ, cwd=cwd, timeout=GUARD_SECONDS)
+        ran = _forks[0].run(argv, environ, cwd=cwd, timeout=GUARD_SECONDS)
+        return ran.returncode, (ran.stdout + ran.stderr).decode()
     done = subprocess.run(
         [sys.executable, "-m", "proxy.cli", *argv], capture_output=True, text=True,
         env=environ, timeout=GUARD_SECONDS, stdin=subprocess.DEVNULL, cwd=cwd,
