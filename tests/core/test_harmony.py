@@ -550,6 +550,7 @@ print(json.dumps([before, os.environ.get("TIKTOKEN_ENCODINGS_BASE"), len(h.harmo
 """
 
 
+@pytest.mark.slow  # two new interpreters; the fast lane loads harmony in-process (the tests above)
 def test_fresh_processes_load_offline_and_leave_the_environment_alone(gpt_oss: Path, tmp_path: Path) -> None:
     # The first derives the vocabulary into $ISLWATCH_CACHE, the second finds it there; each loads with
     # TIKTOKEN_ENCODINGS_BASE pointed at it and then puts back what was there before (nothing, or a folder).

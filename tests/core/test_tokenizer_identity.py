@@ -20,6 +20,7 @@ import pytest
 
 from proxy.core.tokenizer import SERIALISED, TokenizerLoadError, file_hashes, load_tokenizer
 from tests.builders import build_tokenizer, save_tokenizer
+from tests.lanes import sweep
 
 REPO = Path(__file__).resolve().parents[2]
 MAIN, V1 = "a" * 40, "b" * 40  # commit hashes of the two snapshots
@@ -65,8 +66,11 @@ def _identity(hub: Path, tmp_path: Path, *args: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "args",
-    [("--tokenizer", "acme/tiny@v1"), ("--tokenizer", "acme/tiny", "--revision", "v1")],
-    ids=["at-revision", "revision-flag"],
+    # an islwatch process each: the fast lane runs the REPO@REV form
+    sweep(
+        [("--tokenizer", "acme/tiny@v1"), ("--tokenizer", "acme/tiny", "--revision", "v1")],
+        ids=["at-revision", "revision-flag"],
+    ),
 )
 def test_a_revision_is_hashed_from_its_own_snapshot(hub: Path, tmp_path: Path, args: tuple[str, ...]) -> None:
     got = _identity(hub, tmp_path, *args)
@@ -81,6 +85,7 @@ def test_main_is_hashed_from_main(hub: Path, tmp_path: Path) -> None:
     assert got["files"] == _snapshot_hashes(hub / "models--acme--tiny" / "snapshots" / MAIN)
 
 
+@pytest.mark.slow  # a process; the fast lane hashes a revision and main above
 def test_a_commit_without_a_main_ref_is_still_hashed(hub: Path, tmp_path: Path) -> None:
     """A cache that only holds a pinned commit (no refs/main): the files are still found, not skipped."""
     (hub / "models--acme--tiny" / "refs" / "main").unlink()
