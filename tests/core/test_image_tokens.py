@@ -35,7 +35,8 @@ from proxy.core.tokenizer import load_tokenizer
 from proxy.core.tokens import render_chat
 from proxy.core.vision import IMAGE_PAD, load_image_model, rule_from_config
 from scripts.build_tiny_vl_model import preprocessor_config, write_processor_files
-from tests.conftest import shared_dir
+from tests.conftest import load_shared, shared_dir
+from tests.lanes import sweep
 
 # Small, odd, halfway rounding (70 -> 2.5 patches of 28 -> 2), extreme aspect ratios (200 is the processor's
 # limit), under min_pixels, over max_pixels.
@@ -64,7 +65,9 @@ def processor(folder: Path, **kwargs: Any) -> Any:
 
 
 @pytest.mark.parametrize(
-    "limits", LIMITS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) or "config"
+    "limits",
+    # transformers' processor builds the images (~0.5 s of CPU a case): the fast lane runs the config's own limits
+    sweep(LIMITS, ids=[",".join(f"{k}={v}" for k, v in d.items()) or "config" for d in LIMITS]),
 )
 def test_rule_equals_transformers_processor(vl_folder: Path, limits: dict[str, int]) -> None:
     proc = processor(vl_folder, **limits)
@@ -303,9 +306,7 @@ def test_server_kwargs_change_the_count(vl_tok: Any) -> None:
 
 
 def test_models_without_the_rule(tmp_path: Path, vl_folder: Path) -> None:
-    assert (
-        load_image_model(load_tokenizer(str(shared_dir("qwen2.5-instruct"))).tokenizer) is None
-    )  # no config
+    assert load_image_model(load_shared("qwen2.5-instruct").tokenizer) is None  # no config
     text_template = tmp_path / "text-template"
     text_template.mkdir()
     for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
