@@ -57,6 +57,15 @@ def load_builtin() -> LoadedTokenizer:
     return _load("builtin:mistral-v0.1")
 
 
+@cache
+def served_by_llama_cpp(family: str) -> Any:
+    """A shared tokenizer as the llama.cpp flavor serves it: a copy (seconds of CPU for a large vocabulary),
+    made once per test session."""
+    from proxy.core.flavors import flavor_named
+
+    return flavor_named("llama.cpp").served_tokenizer(load_shared(family).tokenizer)
+
+
 @pytest.fixture(params=FAMILIES)
 def shared_family(request: pytest.FixtureRequest) -> str:
     shared_dir(request.param)

@@ -9,7 +9,7 @@ from proxy.core.flavors import flavor_named
 from proxy.core.flavors.llama_cpp import cpp_number, llama_cpp_chat_body, reported_prompt_tokens
 from proxy.core.usage import SSEUsageParser
 from tests.builders import build_tokenizer
-from tests.conftest import load_shared
+from tests.conftest import load_shared, served_by_llama_cpp
 
 PREFILL = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]}
 
@@ -54,7 +54,9 @@ def test_tools_rebuilt_and_floats_as_printf_g() -> None:
 
 def test_no_unicode_normalization_on_qwen() -> None:
     tok = load_shared("qwen2.5-instruct").tokenizer
-    cpp = flavor_named("llama.cpp").served_tokenizer(tok)
+    cpp = served_by_llama_cpp(
+        "qwen2.5-instruct"
+    )  # flavor_named("llama.cpp").served_tokenizer(tok), made once
     decomposed = "Ame\u0301lie cafe\u0301"
     assert len(cpp(decomposed)["input_ids"]) > len(tok(decomposed)["input_ids"])
     assert cpp("plain ascii")["input_ids"] == tok("plain ascii")["input_ids"]

@@ -8,7 +8,6 @@ as a pattern. tests/interop/test_llama_server_modern.py checks the counts live o
 from __future__ import annotations
 
 import re
-from functools import cache
 from typing import Any
 
 import pytest
@@ -25,7 +24,7 @@ from proxy.core.flavors.llama_cpp import (
     patched_template,
 )
 from proxy.core.messages import InvalidBody, ServerRefuses
-from tests.conftest import load_shared
+from tests.conftest import load_shared, served_by_llama_cpp
 
 THOUGHT = "Think first."
 USER = {"role": "user", "content": "Hi"}
@@ -90,10 +89,9 @@ SERVER_PROMPTS = {
 BODIES = {"prefill": PREFILL, "prefill_reasoning": PREFILL_REASONING, "tool_turn": TOOL_TURN}
 
 
-@cache
 def served(family: str) -> Any:
-    """The tokenizer as the llama.cpp flavor serves it (a copy: made once per family)."""
-    return flavor_named("llama.cpp").served_tokenizer(load_shared(family).tokenizer)
+    """The tokenizer as the llama.cpp flavor serves it (a copy: made once per family and session)."""
+    return served_by_llama_cpp(family)
 
 
 def rendered(family: str, body: dict[str, Any]) -> str:
