@@ -1,7 +1,8 @@
 """The layout's rules, held by tests: the counting core is pure, and `--help` loads nothing heavy.
 
 Checked in fresh interpreters, so an import anywhere down the chain counts (a static grep would miss a
-transitive import).
+transitive import); each core module in a child forked from one interpreter that loaded only the heavy
+libraries the core may use.
 """
 
 from __future__ import annotations
@@ -56,9 +57,51 @@ def test_core_modules_are_listed() -> None:
     assert {"proxy.core.count", "proxy.core.extract", "proxy.core.usage"} <= set(CORE_MODULES)
 
 
+# The heavy libraries the core may load, imported once by the probe below before it forks a child per core
+# module: what a module pulls in on top of them still shows, and the probe checks that they load none of
+# NOT_IN_CORE themselves (else every child would carry it).
+CORE_MAY_LOAD = ("jinja2", "numpy", "PIL.Image", "tokenizers", "transformers")
+SERVER_APP = "proxy.server.app"
+CORE_PROBE = """
+import importlib, json, os, sys
+def top():
+    return sorted({m.split(".")[0] for m in sys.modules})
+for name in %r:
+    importlib.import_module(name)
+print(json.dumps(["", top()]), flush=True)
+for module in %r:
+    pid = os.fork()
+    if pid == 0:
+        importlib.import_module(module)
+        print(json.dumps([module, top()]), flush=True)
+        os._exit(0)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, module
+"""
+
+
+@pytest.fixture(scope="module")
+def core_loads() -> dict[str, set[str]]:
+    """Top-level package names loaded after importing each core module (and the server's app), in a child
+    forked from one probe interpreter that loaded only CORE_MAY_LOAD (key "": the probe's own)."""
+    out = subprocess.run(
+        [sys.executable, "-c", CORE_PROBE % (CORE_MAY_LOAD, [*CORE_MODULES, SERVER_APP])],
+        cwd=REPO, capture_output=True, text=True, check=True, timeout=300,
+    ).stdout  # fmt: skip
+    return {name: set(loaded) for name, loaded in map(json.loads, out.strip().splitlines())}
+
+
+def test_the_core_probe_starts_clean(core_loads: dict[str, set[str]]) -> None:
+    assert not core_loads[""] & set(NOT_IN_CORE), sorted(core_loads[""] & set(NOT_IN_CORE))
+    assert {"transformers", "tokenizers"} <= core_loads[""]
+    assert set(core_loads) == {"", *CORE_MODULES, SERVER_APP}
+    assert "aiohttp" in core_loads[SERVER_APP]  # nor is the forked probe blind
+
+
 @pytest.mark.parametrize("module", CORE_MODULES)
-def test_core_imports_neither_aiohttp_nor_prometheus_client(module: str) -> None:
-    loaded = loaded_after(f"import {module}")
+def test_core_imports_neither_aiohttp_nor_prometheus_client(
+    module: str, core_loads: dict[str, set[str]]
+) -> None:
+    loaded = core_loads[module]
     assert not loaded & set(NOT_IN_CORE), f"{module} pulls in {sorted(loaded & set(NOT_IN_CORE))}"
 
 
