@@ -58,6 +58,12 @@ def test_demo_runs_every_scene_to_the_end(tmp_path: Path) -> None:
     assert "FAIL at position 4 of conversation 0: 1824 '▁What' -> 995 '▁You' (15 -> 23 tokens)" in out.stdout
 
 
+def interruptible() -> None:
+    """SIGINT as a terminal leaves it: a suite started in the background (`cmd &` in a script) runs with
+    SIGINT ignored, which its children inherit, and Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(
     ("group", "scenes"),
     # the fast lane runs the demo's one-scene run (its only process start there); all scenes: the whole suite
@@ -72,6 +78,7 @@ def test_ctrl_c_leaves_no_orphans(group: bool, scenes: list[str]) -> None:
     proc = subprocess.Popen(
         [*DEMO, "--requests", "4", "--keep-running", *scenes],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=interruptible,
     )  # fmt: skip
     lines = read_lines(proc)
     try:
