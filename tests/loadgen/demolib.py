@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -15,6 +16,12 @@ from tests.server.helpers import parse_metrics
 DEMO = [sys.executable, "-m", "proxy.cli", "demo", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]
 TIMEOUT_S = 300
 SERVING = "Serving until Ctrl-C"
+
+
+def interruptible() -> None:
+    """SIGINT as a terminal leaves it: a suite started in the background (`cmd &` in a script) runs with
+    SIGINT ignored, which its children inherit, and Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def descendants(pid: int) -> set[int]:

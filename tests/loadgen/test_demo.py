@@ -14,7 +14,16 @@ import pytest
 from tests.conftest import REPO
 from tests.eventually import eventually
 from tests.lanes import sweep
-from tests.loadgen.demolib import DEMO, TIMEOUT_S, alive, descendants, read_lines, summary, wait_serving
+from tests.loadgen.demolib import (
+    DEMO,
+    TIMEOUT_S,
+    alive,
+    descendants,
+    interruptible,
+    read_lines,
+    summary,
+    wait_serving,
+)
 
 BOTH = "IslwatchDuplicateBOS, IslwatchTokenDrift"
 
@@ -56,12 +65,6 @@ def test_demo_runs_every_scene_to_the_end(tmp_path: Path) -> None:
         in out.stdout
     )
     assert "FAIL at position 4 of conversation 0: 1824 '▁What' -> 995 '▁You' (15 -> 23 tokens)" in out.stdout
-
-
-def interruptible() -> None:
-    """SIGINT as a terminal leaves it: a suite started in the background (`cmd &` in a script) runs with
-    SIGINT ignored, which its children inherit, and Python then installs no KeyboardInterrupt handler."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize(

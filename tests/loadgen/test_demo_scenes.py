@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from tests.conftest import REPO
-from tests.loadgen.demolib import DEMO, metrics_url, read_lines, scrape, summary, wait_serving
+from tests.loadgen.demolib import DEMO, interruptible, metrics_url, read_lines, scrape, summary, wait_serving
 
 REQUESTS = 5
 LABELS = frozenset({("model", "default"), ("endpoint", "chat")})
@@ -34,6 +34,7 @@ def test_scene_counts_and_cause_on_the_proxys_metrics(
     proc = subprocess.Popen(
         [*DEMO, "--scene", scene, "--requests", str(REQUESTS), "--keep-running", "--output", str(output)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=interruptible,
     )  # fmt: skip
     lines = read_lines(proc)
     try:
