@@ -267,7 +267,7 @@ def mistral_common_count(folder: Path, body: dict[str, Any]) -> int:
     return len(tok.encode_chat_completion(request).tokens)
 
 
-@pytest.mark.parametrize("vocab", sweep(["nemo", "large-2411"]))
+@pytest.mark.parametrize("vocab", sweep(["nemo", "large-2411"], fast=1))  # Nemo: ~11 s of CPU
 def test_every_request_is_exact_through_mistral_common(vocab: str, tmp_path: Path) -> None:
     """A model folder vLLM serves in its mistral tokenizer mode (only mistral-common's tokenizer file: Mistral
     Nemo's tekken, Mistral Large 2411's v7): the loadgen loads it as `islwatch loadgen` does and every agent

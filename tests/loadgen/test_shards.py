@@ -5,6 +5,7 @@ another machine's clocks lined up, and shards that do not make one run refused."
 
 from __future__ import annotations
 
+import io
 import shutil
 import subprocess
 import sys
@@ -15,8 +16,10 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from rich.console import Console
 
 from loadgen.config import LoadgenConfig
+from loadgen.report.merge import run_merge
 from loadgen.report.model import build_report
 from loadgen.report.shard_dir import Clock, write_shard
 from loadgen.send.replies import Record
@@ -67,6 +70,13 @@ def merge(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*CLI, "loadgen", "merge", *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=120
     )
+
+
+def merge_here(capsys: pytest.CaptureFixture[str], *dirs: Path) -> tuple[int, str]:
+    """`islwatch loadgen merge DIR...` in this process (the command's own function; the CLI itself runs in
+    the `runs` fixture): its exit code and what it printed to stderr."""
+    code = run_merge(list(dirs), {}, Console(file=io.StringIO()))
+    return code, capsys.readouterr().err
 
 
 def jsonl(path: Path) -> list[dict[str, Any]]:
@@ -277,39 +287,39 @@ def test_merge_of_fake_shards_is_their_union(tmp_path: Path) -> None:
     )
 
 
-def test_merge_refuses_shards_of_different_setups(tmp_path: Path) -> None:
+def test_merge_refuses_shards_of_different_setups(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fake_shard(tmp_path / "run", 0, 2)
     fake_shard(tmp_path / "run", 1, 2, osl=64)
-    out = merge(tmp_path / "run")
-    assert out.returncode == 2
-    assert "different setups" in out.stderr and "osl" in out.stderr
+    code, err = merge_here(capsys, tmp_path / "run")
+    assert code == 2
+    assert "different setups" in err and "osl" in err
 
 
-def test_merge_refuses_a_shard_given_twice(tmp_path: Path) -> None:
+def test_merge_refuses_a_shard_given_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fake_shard(tmp_path / "a", 0, 2)
     fake_shard(tmp_path / "a", 1, 2)
     fake_shard(tmp_path / "b", 1, 2)
-    out = merge(tmp_path / "a", tmp_path / "b")
-    assert out.returncode == 2 and "1 of 2 given more than once" in out.stderr
+    code, err = merge_here(capsys, tmp_path / "a", tmp_path / "b")
+    assert code == 2 and "1 of 2 given more than once" in err
 
 
-def test_merge_refuses_a_missing_shard(tmp_path: Path) -> None:
+def test_merge_refuses_a_missing_shard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fake_shard(tmp_path / "run", 0, 3)
     fake_shard(tmp_path / "run", 2, 3)
-    out = merge(tmp_path / "run")
-    assert out.returncode == 2 and "shard(s) 1 of 3 missing" in out.stderr
+    code, err = merge_here(capsys, tmp_path / "run")
+    assert code == 2 and "shard(s) 1 of 3 missing" in err
 
 
-def test_merge_refuses_shards_of_different_splits(tmp_path: Path) -> None:
+def test_merge_refuses_shards_of_different_splits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fake_shard(tmp_path / "run", 0, 2)
     fake_shard(tmp_path / "run", 1, 3)
-    out = merge(tmp_path / "run")
-    assert out.returncode == 2 and "shard of" in out.stderr
+    code, err = merge_here(capsys, tmp_path / "run")
+    assert code == 2 and "shard of" in err
 
 
-def test_merge_refuses_a_folder_without_shards(tmp_path: Path) -> None:
-    out = merge(tmp_path)
-    assert out.returncode == 2 and "no finished shard" in out.stderr
+def test_merge_refuses_a_folder_without_shards(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = merge_here(capsys, tmp_path)
+    assert code == 2 and "no finished shard" in err
 
 
 # --- the split itself -------------------------------------------------------------------------------------
