@@ -360,16 +360,19 @@ _UNICODE_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD"}
 def unnormalized(raw: Tokenizer) -> Tokenizer:
     """llama.cpp's BPE tokenizer (src/llama-vocab.cpp) applies no Unicode normalizer; transformers' Qwen2
     tokenizer applies NFC first. The same vocabulary and pre-tokenizer without Unicode normalization (other
-    normalizers, such as SentencePiece's space handling, are kept)."""
+    normalizers, such as SentencePiece's space handling, are kept); `raw` itself where nothing is dropped."""
     spec = json.loads(raw.to_str())
     norm = spec.get("normalizer")
+    kept = norm
     if isinstance(norm, dict):
         if norm.get("type") in _UNICODE_NORMALIZERS:
-            spec["normalizer"] = None
+            kept = None
         elif norm.get("type") == "Sequence":
-            kept = [n for n in norm.get("normalizers", []) if n.get("type") not in _UNICODE_NORMALIZERS]
-            spec["normalizer"] = {**norm, "normalizers": kept} if kept else None
-    return Tokenizer.from_str(json.dumps(spec))
+            left = [n for n in norm.get("normalizers", []) if n.get("type") not in _UNICODE_NORMALIZERS]
+            kept = {**norm, "normalizers": left} if left else None
+    if kept == norm:
+        return raw
+    return Tokenizer.from_str(json.dumps({**spec, "normalizer": kept}))
 
 
 def served_tokenizer(tok: Any) -> Any:
@@ -381,9 +384,12 @@ def served_tokenizer(tok: Any) -> Any:
     stripped = unnormalized(raw)
     template = tok.chat_template if isinstance(getattr(tok, "chat_template", None), str) else None
     patched = patched_template(template) if template is not None else None
-    if stripped.to_str() == raw.to_str() and patched == template:
+    if stripped is raw and patched == template:
         return tok
-    out = copy.deepcopy(tok)
+    # A new backend goes into the copy as it is (the memo) instead of the original's being serialized and
+    # rebuilt first: a whole-vocabulary round trip saved per load. An unchanged one is copied: the two
+    # tokenizers must not share one backend's truncation and padding state.
+    out = copy.deepcopy(tok, {} if stripped is raw else {id(raw): stripped})
     compat.set_backend(out, stripped)
     if patched != template:
         out.chat_template = patched
