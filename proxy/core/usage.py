@@ -10,8 +10,9 @@ Where OpenAI-compatible servers put the prompt count:
   `response.completed` event as `response.usage.input_tokens`.
 
 `SSEUsageParser.feed(chunk)` accepts any chunking (it is tested one byte at a time), reads events with the
-one SSE reader (core/sse.py) and only parses the data of events that mention `"usage"`; a chunk of whole
-events without the key costs one scan. `SSEUsageStripper` reads the same way and takes out the usage-only
+one SSE reader (core/sse.py) and only parses the data of events that mention `"usage"`; only those events
+are cut into lines, the whole events around them (a chunk may hold a fast server's whole stream) cost a few
+C-speed scans. `SSEUsageStripper` reads the same way and takes out the usage-only
 event `--inject-stream-usage` asked for, so the client receives the stream it would have without it.
 A JSON answer's usage is its top-level `usage` member (`usage_from_json_bytes`, core/buffers.py for big
 answers).
@@ -156,25 +157,36 @@ class SSEUsageParser:
         self._tally = UsageTally()
 
     def feed(self, chunk: bytes) -> None:
-        if USAGE_KEY not in chunk:
-            # Most chunks hold whole events without usage: only an event begun in an earlier chunk, up to its
-            # blank line, and one begun at the end of this chunk are read line by line.
-            at_event_start = self._lines.at_line_start and not self._event.pending
-            if at_event_start and chunk.endswith(EVENT_ENDS):  # the commonest: one or more whole events
-                self._lines.skip(chunk, len(chunk))
-                return None
-            if not at_event_start:
-                first = first_events_end(chunk)
-                if not first:
-                    return self._read(chunk)
-                self._read(chunk[:first])
-                chunk = chunk[first:]
-            if end := events_end(chunk):
-                self._lines.skip(chunk, end)
-                chunk = chunk[end:]
-            if not chunk:
-                return None
-        return self._read(chunk)
+        # Only the events that hold the key are read line by line: a chunk of several events (a fast server's
+        # whole stream arrives in one or two) has the events before and after each passed over by scans.
+        while (key := chunk.find(USAGE_KEY)) >= 0:
+            if start := events_end(chunk[:key]):  # whole events before the one the key is in
+                self._pass(chunk[:start])
+                chunk, key = chunk[start:], key - start
+            end = first_events_end(chunk[key:])  # the key's event ends after the key (no line end in it)
+            if not end:
+                return self._read(chunk)
+            self._read(chunk[: key + end])
+            chunk = chunk[key + end :]
+        return self._pass(chunk) if chunk else None
+
+    def _pass(self, chunk: bytes) -> None:
+        """Read a chunk without the key: an event begun in an earlier chunk, up to its blank line, and one
+        begun at the end of this chunk are read line by line, the whole events between are passed over."""
+        at_event_start = self._lines.at_line_start and not self._event.pending
+        if at_event_start and chunk.endswith(EVENT_ENDS):  # the commonest: one or more whole events
+            self._lines.skip(chunk, len(chunk))
+            return None
+        if not at_event_start:
+            first = first_events_end(chunk)
+            if not first:
+                return self._read(chunk)
+            self._read(chunk[:first])
+            chunk = chunk[first:]
+        if end := events_end(chunk):
+            self._lines.skip(chunk, end)
+            chunk = chunk[end:]
+        return self._read(chunk) if chunk else None
 
     def _read(self, chunk: bytes) -> None:
         _, lines, tail = self._lines.split(chunk)
@@ -250,23 +262,49 @@ class SSEUsageStripper:
 
     def feed(self, chunk: bytes) -> bytes:
         out: list[bytes] = []
-        if USAGE_KEY not in chunk and not self._passing:
-            # As the parser: whole events without usage pass on as they are, without being split into lines.
-            if self._held or self._dropped or self._event.pending or not self._lines.at_line_start:
-                first = first_events_end(chunk)
-                if not first:
-                    return self._read(chunk, out)
-                self._read(chunk[:first], out)
-                chunk = chunk[first:]
-            if not self._dropped and (end := events_end(chunk)):
-                self._lines.skip(chunk, end)
-                if end == len(chunk) and not out:
-                    return chunk
-                out.append(chunk[:end])
-                chunk = chunk[end:]
-        return self._read(chunk, out) if chunk else b"".join(out)
+        if self._passing:
+            self._read(chunk, out)
+            return b"".join(out)
+        # As the parser: only the events that hold the key are read line by line (and held until their end);
+        # the whole events before and after each pass on as they are.
+        while (key := chunk.find(USAGE_KEY)) >= 0:
+            if start := events_end(chunk[:key]):  # whole events before the one the key is in
+                self._pass(chunk[:start], out)
+                chunk, key = chunk[start:], key - start
+            end = first_events_end(chunk[key:])  # the key's event ends after the key (no line end in it)
+            if not end:
+                break
+            self._read(chunk[: key + end], out)
+            chunk = chunk[key + end :]
+            if self._passing:  # an over-long line began: the rest of its event passes as it comes
+                break
+        else:
+            if chunk:
+                self._pass(chunk, out)
+            return b"".join(out)  # one piece (a chunk of whole events) is returned as it is, not copied
+        if chunk:
+            self._read(chunk, out)
+        return b"".join(out)
 
-    def _read(self, chunk: bytes, out: list[bytes]) -> bytes:
+    def _pass(self, chunk: bytes, out: list[bytes]) -> None:
+        """Feed a chunk without the key: whole events pass on as they are, without being split into lines
+        (an event begun in an earlier chunk and one begun at the end of this one are read line by line)."""
+        if self._held or self._dropped or self._event.pending or not self._lines.at_line_start:
+            first = first_events_end(chunk)
+            if not first:
+                self._read(chunk, out)
+                return
+            self._read(chunk[:first], out)
+            chunk = chunk[first:]
+        if not self._dropped and (end := events_end(chunk)):
+            self._lines.skip(chunk, end)
+            out.append(chunk[:end] if end < len(chunk) else chunk)
+            chunk = chunk[end:]
+        if chunk:
+            self._read(chunk, out)
+
+    def _read(self, chunk: bytes, out: list[bytes]) -> None:
+        """Read `chunk` line by line, adding to `out` what passes on."""
         head, lines, tail = self._lines.split(chunk)
         if head:
             if self._held:
@@ -281,7 +319,6 @@ class SSEUsageStripper:
             self._release(out)
             self._passing = True
             out.append(tail)
-        return b"".join(out)
 
     def flush(self) -> bytes:
         """The end of the stream: a last line and event without their line ends are read as ended."""

@@ -56,7 +56,9 @@ class Decoder:
 
 def content_coding(upstream: aiohttp.ClientResponse) -> str:
     """The answer's content coding, lower case; "" for identity."""
-    coding = ",".join(upstream.headers.getall(hdrs.CONTENT_ENCODING, ())).strip().lower()
+    if hdrs.CONTENT_ENCODING not in upstream.headers:  # most answers: one lookup per request
+        return ""
+    coding = ",".join(upstream.headers.getall(hdrs.CONTENT_ENCODING)).strip().lower()
     return "" if coding == "identity" else coding
 
 
