@@ -10,9 +10,11 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # What `islwatch count` imports when it runs (proxy/cli/count.py), to preload.
@@ -130,3 +132,27 @@ class ForkedCli:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+class Forks:
+    """One fork server for a test module: `FORKS = Forks(preload)` and `forks = FORKS.fixture()` at the
+    module's top level, then `FORKS.cli.run(...)` in its tests."""
+
+    def __init__(self, preload: Sequence[str] = ()) -> None:
+        self._preload = tuple(preload)
+        self._cli: ForkedCli | None = None
+
+    @property
+    def cli(self) -> ForkedCli:
+        assert self._cli is not None, "the module's fork server runs only while its tests do"
+        return self._cli
+
+    def fixture(self) -> Callable[[], Iterator[None]]:
+        @pytest.fixture(autouse=True, scope="module")
+        def forks() -> Iterator[None]:
+            with ForkedCli(self._preload) as cli:
+                self._cli = cli
+                yield
+            self._cli = None
+
+        return forks  # type: ignore[no-any-return]

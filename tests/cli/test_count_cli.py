@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,28 +13,21 @@ import pytest
 from proxy.core.tokenizer import load_tokenizer
 from tests.builders import save_tokenizer
 from tests.conftest import FAMILIES, shared_dir
-from tests.forked_cli import COUNT_IMPORTS, ForkedCli
+from tests.forked_cli import COUNT_IMPORTS, Forks
 from tests.lanes import sweep
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
 
 
-_forks: list[ForkedCli] = []
-
-
-@pytest.fixture(autouse=True, scope="module")
-def forks() -> Iterator[None]:
-    with ForkedCli(COUNT_IMPORTS) as cli:
-        _forks.append(cli)
-        yield
-    _forks.clear()
+FORKS = Forks(COUNT_IMPORTS)
+forks = FORKS.fixture()
 
 
 def run(*args: str, stdin: bytes | None = None, fresh: bool = False) -> subprocess.CompletedProcess[bytes]:
     """`islwatch count args...` in a child forked from an interpreter that has imported it
     (tests/forked_cli.py), or with `fresh` a new `python -m proxy.cli` process."""
     if not fresh:
-        return _forks[0].run(["count", *args], stdin=stdin or b"")
+        return FORKS.cli.run(["count", *args], stdin=stdin or b"")
     return subprocess.run(
         [sys.executable, "-m", "proxy.cli", "count", *args],
         input=stdin,

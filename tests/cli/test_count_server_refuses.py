@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 
 import pytest
 
 from tests.builders import save_tokenizer
-from tests.forked_cli import COUNT_IMPORTS, ForkedCli
+from tests.forked_cli import COUNT_IMPORTS, Forks
 from tests.lanes import sweep
 
 # The [INST] template (tests/builders.py) raises on a system role and on roles that do not alternate.
@@ -24,21 +23,14 @@ SYSTEM = {
 USER = {"model": "m", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
 
 
-_forks: list[ForkedCli] = []
-
-
-@pytest.fixture(autouse=True, scope="module")
-def forks() -> Iterator[None]:
-    with ForkedCli(COUNT_IMPORTS) as cli:
-        _forks.append(cli)
-        yield
-    _forks.clear()
+FORKS = Forks(COUNT_IMPORTS)
+forks = FORKS.fixture()
 
 
 def count(tokenizer: str, body: object, *args: str) -> subprocess.CompletedProcess[bytes]:
     """`islwatch count` in a child forked from an interpreter that has imported it (tests/forked_cli.py);
     tests/cli/test_count_cli.py runs the command itself."""
-    return _forks[0].run(["count", "--tokenizer", tokenizer, *args], stdin=json.dumps(body).encode())
+    return FORKS.cli.run(["count", "--tokenizer", tokenizer, *args], stdin=json.dumps(body).encode())
 
 
 @pytest.fixture(scope="module")

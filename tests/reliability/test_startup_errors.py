@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.forked_cli import ForkedCli
+from tests.forked_cli import Forks
 
 ROOT = Path(__file__).resolve().parents[2]
 GUARD_SECONDS = 120  # a guard against a hung start, not a timing assertion
@@ -28,15 +28,8 @@ FREE = ["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]
 
 # What `islwatch proxy` imports when it runs, loaded once before the forks.
 PRELOAD = ("proxy.cli.proxy", "proxy.runtime.loop", "proxy.server.app", "proxy.server.config")
-_forks: list[ForkedCli] = []
-
-
-@pytest.fixture(autouse=True, scope="module")
-def forks() -> Iterator[None]:
-    with ForkedCli(PRELOAD) as cli:
-        _forks.append(cli)
-        yield
-    _forks.clear()
+FORKS = Forks(PRELOAD)
+forks = FORKS.fixture()
 
 
 def islwatch_proxy(
@@ -52,7 +45,7 @@ def islwatch_proxy(
     environ.update({"PYTHONPATH": str(ROOT), **(env or {})})
     argv = [*top, "proxy", *args]
     if not fresh:
-        ran = _forks[0].run(argv, environ, cwd=cwd, timeout=GUARD_SECONDS)
+        ran = FORKS.cli.run(argv, environ, cwd=cwd, timeout=GUARD_SECONDS)
         return ran.returncode, (ran.stdout + ran.stderr).decode()
     done = subprocess.run(
         [sys.executable, "-m", "proxy.cli", *argv], capture_output=True, text=True,
