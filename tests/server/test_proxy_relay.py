@@ -617,7 +617,13 @@ async def test_reload_of_unchanged_files_is_not_a_change(servers: Servers) -> No
 
 async def test_metric_catalogue(servers: Servers) -> None:
     async with aiohttp.ClientSession() as s:
-        m = await fetch_metrics(s, servers.plain.admin_url)
+        # One chat of its own, analysed, so that the drift histogram has series whatever ran before.
+        async with s.post(servers.plain.url + "/v1/chat/completions", json=CHAT) as r:
+            assert r.status == 200
+            await r.read()
+        m = await wait_metrics(
+            s, servers.plain.admin_url, lambda m: value(m, "islwatch_isl_drift_tokens_count") >= 1
+        )
     info = _tokenizer_info(m)
     assert len(info) == 1 and info[0]["model"] == "default" and info[0]["tokenizer"] == "builtin:mistral-v0.1"
     assert value(m, "islwatch_parity_ok", model="default") == 1
