@@ -20,13 +20,20 @@ from loadgen.config import LoadgenConfig
 from loadgen.launch import config_from_args
 from loadgen.shards import shard_senders, shard_share
 from proxy.cli import build_parser
+from tests.conftest import unavailable
 from tests.loadgen.test_shards import fake_shard
 from tests.ops.opslib import K8S
 
 KUBECTL = shutil.which("kubectl")
-pytestmark = pytest.mark.skipif(
-    KUBECTL is None, reason="kubectl is not installed (it renders the kustomization)"
-)
+
+
+@pytest.fixture(autouse=True, scope="module")  # before the module fixtures that render
+def kubectl() -> None:
+    """Every test here renders the kustomization with kubectl: a skip when it is missing, a failure under CI."""
+    if KUBECTL is None:
+        unavailable("kubectl is not installed (it renders the kustomization)")
+
+
 LOADGEN = K8S / "loadgen"
 
 

@@ -13,12 +13,17 @@ import pytest
 import yaml
 
 from proxy.core.specs import TESTED_VERSIONS, VLLM_IMAGE
+from tests.conftest import unavailable
 from tests.ops.opslib import K8S, REPO
 
 KUBECTL = shutil.which("kubectl")
-pytestmark = pytest.mark.skipif(
-    KUBECTL is None, reason="kubectl is not installed (it renders the kustomization)"
-)
+
+
+@pytest.fixture(autouse=True, scope="module")  # before the module fixtures that render
+def kubectl() -> None:
+    """Every test here renders the kustomization with kubectl: a skip when it is missing, a failure under CI."""
+    if KUBECTL is None:
+        unavailable("kubectl is not installed (it renders the kustomization)")
 
 
 @pytest.fixture(scope="module")
