@@ -37,7 +37,7 @@ def prepare(cfg: LoadgenConfig, loaded: LoadedTokenizer | None = None) -> Prepar
     """Load the tokenizer and build one request before anything is sent. Raises ValueError / TokenizerLoadError,
     OSError (an unreadable --dataset, --trace or --corpus)."""
     loaded = loaded or load_loadgen_tokenizer(cfg)
-    cfg, workload = build_workload(loaded.tokenizer, cfg)
+    cfg, workload = build_workload(loaded.tokenizer, cfg, loaded)
     workload.preflight()
     o = workload.overhead()
     return Prepared(loaded, workload, Overheads(fixed=o.fixed, wrap=o.wrap, marker=o.marker), cfg)
@@ -52,7 +52,8 @@ def _worker_main(
     cfg_data: dict[str, Any], index: int, n: int, done: Any, ready: Any, go: Any, out: Any
 ) -> None:
     cfg = LoadgenConfig.model_validate(cfg_data)
-    cfg, workload = build_workload(load_loadgen_tokenizer(cfg).tokenizer, cfg)
+    loaded = load_loadgen_tokenizer(cfg)
+    cfg, workload = build_workload(loaded.tokenizer, cfg, loaded)
 
     def on_done(_: Record) -> None:
         with done.get_lock():

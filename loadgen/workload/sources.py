@@ -17,17 +17,25 @@ from proxy.core.model import load_served_model
 from proxy.core.renderers import JINJA
 from proxy.core.server_settings import DEFAULT_SETTINGS
 from proxy.core.templates import PROCESSOR_FILES
+from proxy.core.tokenizer import LoadedTokenizer
 
 
-def build_workload(tok: Any, cfg: LoadgenConfig) -> tuple[LoadgenConfig, Workload]:
-    """The workload, and the config with its request count settled (idempotent: workers call it again)."""
+def build_workload(
+    tok: Any, cfg: LoadgenConfig, loaded: LoadedTokenizer | None = None
+) -> tuple[LoadgenConfig, Workload]:
+    """The workload, and the config with its request count settled (idempotent: workers call it again).
+    `loaded`: the load `tok` came from, reused where the workload counts through the served model."""
+    if loaded is not None and loaded.tokenizer is not tok:  # a MistralText is no transformers load
+        loaded = None
     if cfg.dataset is not None:
         records = load_dataset(cfg.dataset)
         if cfg.endpoint == "completions" and any(r.prompt is None for r in records):
             raise ValueError(f"--dataset {cfg.dataset}: messages records need --endpoint chat or responses")
         if cfg.request_count is None and cfg.duration is None:
             cfg = cfg.model_copy(update={"request_count": len(records)})
-        served = served_model(cfg)  # agent records: reasoning and tool calls as the flavor renders them
+        served = served_model(
+            cfg, loaded
+        )  # agent records: reasoning and tool calls as the flavor renders them
         return cfg, DatasetWorkload(tok, cfg, records, served=served)
     if cfg.trace is not None:
         trace = load_trace(cfg.trace)
@@ -40,15 +48,15 @@ def build_workload(tok: Any, cfg: LoadgenConfig) -> tuple[LoadgenConfig, Workloa
     if cfg.workload == "agent":
         # Always the served model: its fast encoder counts a long conversation from cached renders (qwen3,
         # 4,400 tokens: 3.5 ms a count against 57 ms on the reference path), and a round takes ~5 counts.
-        served = load_served_model(cfg.tokenizer, cfg.server_flavor)
+        served = load_served_model(cfg.tokenizer, cfg.server_flavor, loaded=loaded)
         cfg = cfg.model_copy(update={"turns": cfg.agent_rounds + 1})  # the first request, then each round
         return cfg, AgentWorkload(tok, cfg, served=served)
     # Chat turns count through the Jinja template on `tok`, unless mistral-common renders them (`tok` is
     # then only its text encoder, loadgen/workload/mistral_text.py).
-    return cfg, Workload(tok, cfg, served=served_model(cfg) if isinstance(tok, MistralText) else None)
+    return cfg, Workload(tok, cfg, served=served_model(cfg, loaded) if isinstance(tok, MistralText) else None)
 
 
-def served_model(cfg: LoadgenConfig) -> Any:
+def served_model(cfg: LoadgenConfig, loaded: LoadedTokenizer | None = None) -> Any:
     """The tokenizer as `--server-flavor`'s server serves it (core/model.py), where that differs from the
     Jinja template on `tok` that the workloads count with by default (vLLM's own path for a plain tokenizer
     folder): Harmony (gpt-oss), mistral-common, a processor's template, another flavor. None: `tok` counts."""
@@ -62,4 +70,4 @@ def served_model(cfg: LoadgenConfig) -> Any:
         plain = True  # a hub id or builtin: no model folder to read a renderer from
     if plain and cfg.server_flavor == "vllm":
         return None
-    return load_served_model(cfg.tokenizer, cfg.server_flavor)
+    return load_served_model(cfg.tokenizer, cfg.server_flavor, loaded=loaded)

@@ -142,9 +142,11 @@ def load_served_model(
     chat_template_file: str | None = None,
     trust_remote_code: bool = False,
     images: Callable[[Any], ImageModel | None] | None = None,
+    loaded: LoadedTokenizer | None = None,
 ) -> ServedModel:
     """Load `spec` (a folder, hub id or builtin:) as `flavor`'s server serves it. `images` gives a tokenizer's
-    image model (default: the flavor's, under no server kwargs). Raises TokenizerLoadError."""
+    image model (default: the flavor's, under no server kwargs); `loaded`, `spec`'s tokenizer already loaded
+    with the same revision and template file (not loaded again). Raises TokenizerLoadError."""
     folder = Path(spec) if Path(spec).is_dir() else None
     served = flavor_named(flavor)
     renderer = served.renderer(folder, settings)
@@ -160,7 +162,7 @@ def load_served_model(
             mistral=mistral,
             text_only=served.refuses_media(folder, MISTRAL),
         )
-    loaded = load_tokenizer(spec, revision, chat_template_file, trust_remote_code)
+    loaded = loaded or load_tokenizer(spec, revision, chat_template_file, trust_remote_code)
     image_model = images or (lambda tok: image_model_for(flavor, tok))
     tok = served.served_tokenizer(loaded.tokenizer)
     encoder = best_encoder(tok, images=image_model(tok))
