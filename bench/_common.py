@@ -19,7 +19,9 @@ from loadgen.workload.corpus import WORDS
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 RESULTS = BENCH / "results"
-SHARED_TOKENIZERS = Path(os.environ.get("ISLWATCH_SHARED", REPO.parent / "shared")) / "tokenizers"
+# The real tokenizer folders the tests use, built by scripts/build_test_data.py (scripts/test.sh exports the path).
+CACHE = Path(os.environ.get("ISLWATCH_CACHE", Path.home() / ".cache" / "islwatch"))
+TEST_TOKENIZERS = Path(os.environ.get("ISLWATCH_TEST_DATA", CACHE / "test-data")) / "tokenizers"
 FAMILIES = (
     "mistral-7b-instruct-v0.1",
     "qwen2.5-instruct",

@@ -35,7 +35,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench._common import REPO, SHARED_TOKENIZERS, machine, pct, write_result
+from bench._common import REPO, TEST_TOKENIZERS, machine, pct, write_result
 from bench.proxy_overhead import free_port, start
 from bench.report import HELD, aiperf_section, write_latest
 from loadgen.send import proxy_metrics
@@ -141,7 +141,7 @@ def measure(args: argparse.Namespace, binary: str, tmp: Path) -> dict[str, Any]:
     ladder: list[dict[str, Any]] = []
     closed = ["--concurrency", str(args.concurrency), "--request-count", str(args.requests)]
     for i, family in enumerate(args.tokenizers.split(",")):
-        tok = str(SHARED_TOKENIZERS / family)
+        tok = str(TEST_TOKENIZERS / family)
         with ExitStack() as stack:
             url, metrics = stack_for(stack, tok)
             shapes = [("1 turn", 0)] + ([(f"system prompt {args.system_prompt}", args.system_prompt)]

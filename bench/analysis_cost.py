@@ -38,7 +38,7 @@ from typing import Any
 
 import jinja2
 
-from bench._common import FAMILIES, SHARED_TOKENIZERS, machine, median, prose, words_for_tokens, write_result
+from bench._common import FAMILIES, TEST_TOKENIZERS, machine, median, prose, words_for_tokens, write_result
 from bench._common import conversation as make_conversation
 from proxy.core.count import count, count_request
 from proxy.core.fast import FastEncoder
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     print(" tok: largest request; last ms: the last request of the last round, the whole history)")
     short = []
     for fam in families:
-        folder = SHARED_TOKENIZERS / fam
+        folder = TEST_TOKENIZERS / fam
         if not folder.is_dir():
             print(f"{fam:26} skipped: {folder} not present", file=sys.stderr)
             continue

@@ -37,7 +37,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench._common import SHARED_TOKENIZERS, machine, pct, write_result
+from bench._common import TEST_TOKENIZERS, machine, pct, write_result
 from bench.proxy_overhead import export_rev, free_port, start
 
 LATE_P99_MS = 2.0
@@ -159,7 +159,7 @@ def _ms(x: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    default_tok = SHARED_TOKENIZERS / "llama-3-8b-instruct"
+    default_tok = TEST_TOKENIZERS / "llama-3-8b-instruct"
     p.add_argument(
         "--tokenizer", default=str(default_tok) if default_tok.is_dir() else "builtin:mistral-v0.1"
     )

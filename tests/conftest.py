@@ -1,8 +1,10 @@
-"""Shared fixtures: real tokenizers from ../shared/tokenizers (skipped cleanly when absent) and test-built ones."""
+"""Shared fixtures: the real tokenizer folders the project builds from the package registries
+(scripts/build_test_data.py, tests/data/tokenizers.toml) and test-built ones."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from typing import Any, NoReturn
@@ -13,9 +15,11 @@ from proxy.core.tokenizer import LoadedTokenizer, load_tokenizer
 from tests.lifetimes import note_order, release_finished
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("ISLWATCH_SHARED", REPO.parent / "shared"))
-SHARED_TOKENIZERS = SHARED / "tokenizers"
-FIXTURES = SHARED / "fixtures"
+CACHE = Path(os.environ.get("ISLWATCH_CACHE", Path.home() / ".cache" / "islwatch"))
+# Built by scripts/build_test_data.py (scripts/test.sh runs it and exports the folder), byte-identical to the
+# manifest tests/data/tokenizers.toml; tests/ops/test_test_data.py checks them against it.
+TEST_DATA = Path(os.environ.get("ISLWATCH_TEST_DATA", CACHE / "test-data"))
+TEST_TOKENIZERS = TEST_DATA / "tokenizers"
 FAMILIES = [
     "mistral-7b-instruct-v0.1",
     "qwen2.5-instruct",
@@ -25,22 +29,29 @@ FAMILIES = [
     "smollm2-135m-instruct",
     "deepseek-v3",
 ]
-SKIP_SHARED = f"shared tokenizers not present at {SHARED_TOKENIZERS} (see ../shared/README.md)"
+NO_TEST_DATA = (
+    f"test tokenizers not built at {TEST_TOKENIZERS}: run python3 scripts/build_test_data.py (scripts/test.sh does)"
+)
 
 
 def unavailable(reason: str) -> NoReturn:
-    """A server or venv a test needs is missing: a skip with the reason here, a failure under CI (env `CI`
-    set), where every server must be installed and run."""
+    """A server, venv or the built test data a test needs is missing: a skip with the reason here, a failure
+    under CI (env `CI` set), where every server and the test data must be installed."""
     if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI is set: a missing server fails, never skips)", pytrace=False)
+        pytest.fail(f"{reason} (CI is set: what a test needs missing fails, never skips)", pytrace=False)
     pytest.skip(reason)
 
 
 def shared_dir(family: str) -> Path:
-    path = SHARED_TOKENIZERS / family
+    """One of the twelve real tokenizer folders (the families of the shared SOURCES.md), as built here."""
+    path = TEST_TOKENIZERS / family
     if not path.is_dir():
-        pytest.skip(SKIP_SHARED)
+        unavailable(NO_TEST_DATA)
     return path
+
+
+def shared_dirs(families: Iterable[str]) -> dict[str, Path]:
+    return {family: shared_dir(family) for family in families}
 
 
 @cache

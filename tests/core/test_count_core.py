@@ -86,7 +86,7 @@ def test_shared_templated_equals_independent_ids(shared_tok: Any, name: str, mes
     assert result.messages == len(messages)
 
 
-# Reference counts published in ../shared/tokenizers/SOURCES.md (transformers 5.x column).
+# Reference counts published in the shared SOURCES.md that the test tokenizers reproduce (transformers 5.x column).
 SOURCES_COUNTS = {
     "mistral-7b-instruct-v0.1": (15, 40),
     "qwen2.5-instruct": (36, 63),

@@ -189,7 +189,6 @@ def test_usage_on_a_chunk_with_choices_is_not_taken_out() -> None:
 RECORDED = [p for p in recorded_fixtures() if "_stream_" in p.stem]
 
 
-@pytest.mark.skipif(not RECORDED, reason="shared llama-server fixtures absent")
 @pytest.mark.parametrize("nl", [b"\n", b"\r\n", b"\r"], ids=["lf", "crlf", "cr"])
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
 def test_recorded_llama_server_streams_in_every_framing(path: object, nl: bytes) -> None:

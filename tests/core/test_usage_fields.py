@@ -69,7 +69,7 @@ def test_vllm_responses_stream_cached_and_reasoning_tokens() -> None:
     assert usage == Usage(36, output_tokens=2, total_tokens=38, cached_tokens=0, reasoning_tokens=0)
 
 
-# llama-server's recordings (../shared/fixtures): each reports prompt_tokens_details.cached_tokens; the
+# llama-server's recordings (tests/data/llama-server): each reports prompt_tokens_details.cached_tokens; the
 # streamed ones were recorded after the same request without streaming, so all but the last token was cached.
 LLAMA_CACHED = {
     "llama-3-8b-instruct.chat_nonstream": 0,
@@ -84,7 +84,6 @@ LLAMA_CACHED = {
 FIXTURES = [p for p in recorded_fixtures() if p.name.removesuffix(".http") in LLAMA_CACHED]
 
 
-@pytest.mark.skipif(not FIXTURES, reason="shared llama-server fixtures absent")
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
 def test_llama_server_recordings_cached_tokens(path) -> None:
     rec = load_recorded(path)

@@ -1,9 +1,9 @@
-"""Session fixtures: one real llama-server per tiny GGUF model, started once and stopped at the end: the two
-shared fixtures (Qwen2.5, Llama-3: `family`) and the two built from shared tokenizers (Qwen3, gpt-oss:
-`modern_family`, test_llama_server_modern.py).
+"""Session fixtures: one real llama-server per tiny GGUF model, started once and stopped at the end: two older
+families (Qwen2.5, Llama-3: `family`) and two modern ones (Qwen3, gpt-oss: `modern_family`,
+test_llama_server_modern.py), each GGUF built around its test tokenizer folder (scripts/build_tiny_gguf.sh).
 
-Skips (with the reason) only when llama-server is absent and the build script cannot build it, or when the
-shared models / tokenizers are not present. A server that fails to start is a failure, not a skip.
+Skips (with the reason) only when llama-server, a GGUF or the test tokenizers are absent and cannot be built;
+under CI that is a failure too. A server that fails to start is a failure, not a skip.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from tests.interop.llama_server_proc import (
     BinaryUnavailable,
     LlamaServer,
     binary_version,
-    build_gguf,
     find_binary,
     free_port,
     launch,
     stop,
+    tiny_gguf,
     wait_healthy,
 )
 from tests.interop.proxy_proc import Proxy, running_proxy
@@ -48,23 +48,19 @@ def llama_server_binary(request: pytest.FixtureRequest) -> str:
 def llama_servers(
     request: pytest.FixtureRequest, llama_server_binary: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, LlamaServer]]:
-    """Both models load in parallel (one thread each); each is healthy before any test uses it."""
-    gguf_dir = _root_conftest(request).FIXTURES / "gguf"
-    missing = [name for name in GGUF.values() if not (gguf_dir / name).is_file()]
-    if missing:
-        pytest.skip(
-            f"tiny GGUF models not present in {gguf_dir} (see ../shared/fixtures/README.md): {missing}"
-        )
+    """Qwen2.5 and Llama 3: tiny GGUFs built from the test tokenizers (scripts/build_tiny_gguf.sh, cached).
+    Both models load in parallel (one thread each); each is healthy before any test uses it."""
+    ggufs = {family: tiny_gguf(family) for family in GGUF}
     version = binary_version(llama_server_binary)
     logs = tmp_path_factory.mktemp("llama-server")
     procs: dict[str, subprocess.Popen[bytes]] = {}
     servers: dict[str, LlamaServer] = {}
     try:
-        for family, name in GGUF.items():
+        for family, gguf in ggufs.items():
             port = free_port()
             log_path = logs / f"{family}.log"
-            procs[family] = launch(llama_server_binary, gguf_dir / name, port, log_path)
-            servers[family] = LlamaServer(family, gguf_dir / name, port, log_path, version)
+            procs[family] = launch(llama_server_binary, gguf, port, log_path)
+            servers[family] = LlamaServer(family, gguf, port, log_path, version)
         for family, server in servers.items():
             wait_healthy(procs[family], server.base_url, server.log_path)
         yield servers
@@ -79,11 +75,7 @@ def modern_servers(
 ) -> Iterator[dict[str, LlamaServer]]:
     """Qwen3 and gpt-oss: tiny GGUFs built from the shared tokenizers (scripts/build_tiny_gguf.sh, cached),
     each served by its own llama-server, loading in parallel."""
-    root = _root_conftest(request)
-    try:
-        ggufs = {f: build_gguf(root.shared_dir(f), arch) for f, arch in BUILT_GGUF.items()}
-    except BinaryUnavailable as exc:
-        root.unavailable(str(exc))
+    ggufs = {family: tiny_gguf(family) for family in BUILT_GGUF}
     version = binary_version(llama_server_binary)
     logs = tmp_path_factory.mktemp("llama-server-modern")
     procs: dict[str, subprocess.Popen[bytes]] = {}

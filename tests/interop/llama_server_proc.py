@@ -21,14 +21,11 @@ REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build_llama_server.sh"
 GGUF_SCRIPT = REPO / "scripts" / "build_tiny_gguf.sh"
 ENV_BINARY = "ISLWATCH_LLAMA_SERVER"
-# family (folder in ../shared/tokenizers) -> tiny model in ../shared/fixtures/gguf
-GGUF = {
-    "qwen2.5-instruct": "qwen2.5-instruct-tiny-q8_0.gguf",
-    "llama-3-8b-instruct": "llama-3-8b-instruct-tiny-q8_0.gguf",
-}
-# Modern families: family (folder in ../shared/tokenizers) -> architecture of the tiny random-weight GGUF that
+# family (a folder of the built test tokenizers) -> architecture of the tiny random-weight GGUF that
 # scripts/build_tiny_gguf.sh builds around it with llama.cpp's own convert_hf_to_gguf.py (cached, keyed by the
-# tokenizer's content).
+# tokenizer's content). The two older families (`family` in tests/interop) and the two modern ones
+# (`modern_family`).
+GGUF = {"qwen2.5-instruct": "qwen2", "llama-3-8b-instruct": "llama"}
 BUILT_GGUF = {"qwen3": "qwen3", "gpt-oss": "gpt_oss"}
 # A guard against a hung server, not a timing assertion: loading a tiny model takes about a second.
 START_DEADLINE_SECONDS = 120.0
@@ -71,8 +68,19 @@ def find_binary() -> str:
     return lines[-1]
 
 
+def tiny_gguf(family: str) -> Path:
+    """The tiny GGUF of a family of GGUF or BUILT_GGUF, around its built test tokenizer folder: a skip when
+    it cannot be built, a failure under CI."""
+    from tests.conftest import shared_dir, unavailable
+
+    try:
+        return build_gguf(shared_dir(family), {**GGUF, **BUILT_GGUF}[family])
+    except BinaryUnavailable as exc:
+        unavailable(str(exc))
+
+
 def build_gguf(tokenizer_dir: Path, arch: str) -> Path:
-    """The tiny GGUF of a modern family: built once by the script (~3 minutes on 2 cores), then reused."""
+    """A tiny GGUF around a tokenizer folder: built once by the script (~1-3 minutes on 2 cores), then reused."""
     proc = subprocess.run(
         ["bash", str(GGUF_SCRIPT), str(tokenizer_dir), arch], capture_output=True, text=True, check=False
     )

@@ -50,10 +50,10 @@ def test_the_release_gate_checks_a_live_llama_server(llama_server: LlamaServer, 
     import subprocess
     import sys
 
-    from tests.conftest import REPO, SHARED_TOKENIZERS
+    from tests.conftest import REPO, TEST_TOKENIZERS
 
     out = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "parity", "--tokenizer", str(SHARED_TOKENIZERS / family),
+        [sys.executable, "-m", "proxy.cli", "parity", "--tokenizer", str(TEST_TOKENIZERS / family),
          "--server", llama_server.base_url, "--json"],
         capture_output=True, text=True, cwd=REPO, timeout=300,
     )  # fmt: skip

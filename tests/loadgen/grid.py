@@ -106,13 +106,13 @@ if __name__ == "__main__":  # exact-hit rates per tokenizer, for the docs
     import sys
 
     from tests.builders import TEMPLATES, build_tokenizer
-    from tests.conftest import FAMILIES, SHARED_TOKENIZERS, load_builtin, load_shared
+    from tests.conftest import FAMILIES, TEST_TOKENIZERS, load_builtin, load_shared
 
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     toks = {f"built:{s}": build_tokenizer(s) for s in TEMPLATES}
     toks["builtin:mistral-v0.1"] = load_builtin().tokenizer
     for fam in FAMILIES:
-        if (SHARED_TOKENIZERS / fam).is_dir():
+        if (TEST_TOKENIZERS / fam).is_dir():
             toks[fam] = load_shared(fam).tokenizer
     for name, tok in toks.items():
         r = run_grid(tok, n)

@@ -1,7 +1,7 @@
 """A real llama-server for the loadgen's dataset, trace and responses tests: Qwen2.5's tiny GGUF, one slot,
 started by the interop helpers (tests/interop/llama_server_proc.py) and stopped by pid.
 
-Skips only when the binary is absent and cannot be built, or the shared model or tokenizer is missing.
+Skips only when the binary, the tiny GGUF or the test tokenizer is absent and cannot be built (fails under CI).
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import FIXTURES, load_shared, shared_dir, unavailable
+from tests.conftest import load_shared, unavailable
 from tests.interop.llama_server_proc import (
-    GGUF,
     BinaryUnavailable,
     find_binary,
     free_port,
     launch,
     stop,
+    tiny_gguf,
     wait_healthy,
 )
 
@@ -32,10 +32,7 @@ def qwen_llama_server(logs: Path) -> Iterator[tuple[str, Any]]:
         binary = find_binary()
     except BinaryUnavailable as exc:
         unavailable(str(exc))
-    gguf = FIXTURES / "gguf" / GGUF[FAMILY]
-    if not gguf.is_file():
-        unavailable(f"tiny GGUF model not present: {gguf}")
-    shared_dir(FAMILY)  # skips when the shared tokenizers are absent
+    gguf = tiny_gguf(FAMILY)
     port = free_port()
     log = logs / "llama-server.log"
     proc = launch(binary, gguf, port, log)

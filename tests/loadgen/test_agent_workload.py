@@ -1,5 +1,5 @@
 """`--workload agent` (loadgen/workload/agent.py): every request of an agent conversation at its exact target,
-on every family in ../shared/tokenizers, and the server's usage agreeing through the proxy.
+on every real tokenizer family (tests/data/tokenizers.toml), and the server's usage agreeing through the proxy.
 
 The per-family checks count each request twice: through the flavor's path the budget used (core/model.py)
 and, for the Jinja families, with the emulator's own vLLM counting (proxy/emulator/counting.py), a second

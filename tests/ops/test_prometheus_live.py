@@ -208,12 +208,9 @@ async def drive(stack: Stack) -> None:
 
 def llama_server_parts() -> tuple[str, Path]:
     """The llama-server binary and a tiny model (tests/interop); skips without them, as without Prometheus."""
-    from tests.conftest import FIXTURES, SHARED_TOKENIZERS
-    from tests.interop.llama_server_proc import GGUF, BinaryUnavailable, find_binary
+    from tests.interop.llama_server_proc import BinaryUnavailable, find_binary, tiny_gguf
 
-    gguf = FIXTURES / "gguf" / GGUF[BILLED_FAMILY]
-    if not gguf.is_file() or not (SHARED_TOKENIZERS / BILLED_FAMILY).is_dir():
-        unavailable(f"{gguf} or the shared {BILLED_FAMILY} tokenizer is absent")
+    gguf = tiny_gguf(BILLED_FAMILY)
     try:
         return find_binary(), gguf
     except BinaryUnavailable as exc:
@@ -222,7 +219,7 @@ def llama_server_parts() -> tuple[str, Path]:
 
 def start_billed(tmp: Path, procs: list[tuple[subprocess.Popen[bytes], Path]]) -> tuple[str, str, str]:
     """llama-server with --metrics, and a proxy in front of it scraping them: (llama URL, proxy, admin)."""
-    from tests.conftest import SHARED_TOKENIZERS
+    from tests.conftest import TEST_TOKENIZERS
 
     binary, gguf = llama_server_parts()
     llama_port, proxy_port, admin_port = (free_port() for _ in range(3))
@@ -233,7 +230,7 @@ def start_billed(tmp: Path, procs: list[tuple[subprocess.Popen[bytes], Path]]) -
     procs.append((start(cmd, llama_log), llama_log))
     proxy = start(
         [sys.executable, "-m", "proxy.cli", "proxy", "--upstream", llama, "--listen", f"127.0.0.1:{proxy_port}",
-         "--admin", f"127.0.0.1:{admin_port}", "--tokenizer", str(SHARED_TOKENIZERS / BILLED_FAMILY),
+         "--admin", f"127.0.0.1:{admin_port}", "--tokenizer", str(TEST_TOKENIZERS / BILLED_FAMILY),
          "--server-flavor", "llama.cpp", "--upstream-metrics-url", f"{llama}/metrics",
          "--upstream-metrics-interval-seconds", "0.5"],
         proxy_log,

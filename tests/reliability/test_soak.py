@@ -27,7 +27,7 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.conftest import FIXTURES, SHARED_TOKENIZERS, unavailable
+from tests.conftest import TEST_TOKENIZERS, unavailable
 from tests.eventually import eventually
 from tests.interop import llama_server_proc as llama
 from tests.reliability.reliability_peers import (
@@ -307,7 +307,7 @@ def test_soak_against_the_emulator(emulator: Child, tmp_path: Path) -> None:
 @pytest.mark.llama_server
 def test_soak_against_llama_server(tmp_path: Path, llama_server: tuple[str, int]) -> None:
     url, port = llama_server
-    tokenizer = str(SHARED_TOKENIZERS / "qwen2.5-instruct")
+    tokenizer = str(TEST_TOKENIZERS / "qwen2.5-instruct")
     args = ("--tokenizer", tokenizer, "--server-flavor", "llama.cpp")
     with running(start_proxy(url, tmp_path / "proxy.log", *args)) as proxy:
         run = run_soak(proxy, url, port, LLAMA_MIX, LLAMA_SOAK, LLAMA_CONCURRENCY, masked=True)
@@ -316,9 +316,7 @@ def test_soak_against_llama_server(tmp_path: Path, llama_server: tuple[str, int]
 
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
-    gguf = FIXTURES / "gguf" / "qwen2.5-instruct-tiny-q8_0.gguf"
-    if not gguf.is_file() or not (SHARED_TOKENIZERS / "qwen2.5-instruct").is_dir():
-        unavailable(f"the tiny GGUF model or its tokenizer is not present ({gguf})")
+    gguf = llama.tiny_gguf("qwen2.5-instruct")
     try:
         binary = llama.find_binary()
     except llama.BinaryUnavailable as exc:

@@ -82,7 +82,8 @@ async def serve_app(app: web.Application, **runner_kw: Any) -> Any:
 
 # ---- recorded llama-server responses ------------------------------------------------------------------
 
-FIXTURE_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "llama-server"
+# Raw responses of a real llama-server (llama.cpp 0.5.0-dev, commit 0c1e570), committed: tests/data/llama-server.
+FIXTURE_DIR = Path(__file__).resolve().parents[1] / "data" / "llama-server"
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def load_recorded(path: Path) -> Recorded:
 
 
 def recorded_fixtures() -> list[Path]:
-    return sorted(FIXTURE_DIR.glob("*.http")) if FIXTURE_DIR.is_dir() else []
+    return sorted(FIXTURE_DIR.glob("*.http"))
 
 
 # ---- a real upstream with switchable behaviours -----------------------------------------------------------

@@ -172,7 +172,6 @@ async def test_emulator_responses_are_byte_identical_and_counted_exactly(
         )
 
 
-@pytest.mark.skipif(not recorded_fixtures(), reason="shared llama-server fixtures absent")
 async def test_recorded_llama_server_bytes_relay_unchanged(servers: Servers) -> None:
     async with aiohttp.ClientSession() as s:
         for path in recorded_fixtures():

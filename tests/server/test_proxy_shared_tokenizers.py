@@ -1,5 +1,5 @@
 """The issue's acceptance check: with the emulator and the proxy on each shared tokenizer, /metrics shows an
-exact match for every text-only chat request (streamed and not). Skips when ../shared is absent."""
+exact match for every text-only chat request (streamed and not). Needs the built test tokenizers (scripts/build_test_data.py)."""
 
 from __future__ import annotations
 

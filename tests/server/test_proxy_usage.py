@@ -32,7 +32,6 @@ def _parse_stream(chunks: list[bytes]) -> Usage | None:
     return parser.result()
 
 
-@pytest.mark.skipif(not FIXTURES, reason="shared llama-server fixtures absent")
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
 def test_recorded_llama_server_usage_every_chunk_boundary(path) -> None:
     rec = load_recorded(path)
@@ -125,7 +124,6 @@ def test_stripper_takes_out_the_usage_only_event(null_usage: bool) -> None:
         assert stripper.result() is not None and stripper.result().input_tokens == 12
 
 
-@pytest.mark.skipif(not FIXTURES, reason="shared llama-server fixtures absent")
 def test_stripper_keeps_llama_cpp_completions_finish_chunk_usage() -> None:
     # llama.cpp's completions stream carries usage on the finish chunk (with choices), with or without
     # include_usage: it is not an injected extra, so it stays.

@@ -20,7 +20,6 @@ from tests.server.helpers import (
     UpstreamState,
     build_test_upstream,
     proxy_config,
-    recorded_fixtures,
     serve_app,
     settled,
     value,
@@ -66,7 +65,6 @@ PER_REQUEST = {
     ("islwatch_reasoning_tokens", "responses"): (1, 0),
 }
 
-pytestmark = pytest.mark.skipif(not recorded_fixtures(), reason="shared llama-server fixtures absent")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from proxy.core.fast import best_encoder
-from tests.conftest import SHARED_TOKENIZERS, load_shared, unavailable
+from tests.conftest import TEST_TOKENIZERS, load_shared, shared_dirs, unavailable
 from tests.lifetimes import release_after_directory
 from tests.sglang_server.sglang_proc import (
     DEFAULT_KWARGS,
@@ -42,12 +42,10 @@ def sglang_python() -> str:
 
 @pytest.fixture(scope="session")
 def all_oracles(sglang_python: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Oracles]:
-    missing = [f for f in FAMILIES if not (SHARED_TOKENIZERS / f).is_dir()]
-    if missing:
-        pytest.skip(f"shared tokenizers not present in {SHARED_TOKENIZERS}: {missing}")
+    shared_dirs(FAMILIES)  # the built test tokenizers: a skip when absent, a failure under CI
     logs = tmp_path_factory.mktemp("sglang")
     cache = Path(sglang_python).parents[1] / "oracle-models"  # next to the venv
-    folders = {family: model_folder(cache, family, SHARED_TOKENIZERS) for family in FAMILIES}
+    folders = {family: model_folder(cache, family, TEST_TOKENIZERS) for family in FAMILIES}
     started = Oracles({}, {})
     try:
         for family, folder in folders.items():

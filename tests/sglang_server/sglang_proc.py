@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO / "scripts" / "install_sglang.sh"
 ORACLE = Path(__file__).with_name("sglang_oracle.py")
 ENV_PYTHON = "ISLWATCH_SGLANG_PYTHON"
-# family (folder in ../shared/tokenizers) -> `sglang serve` flags as SGLang's docs give them for the model: its
+# family (a folder of the built test tokenizers) -> `sglang serve` flags as SGLang's docs give them for the model: its
 # tool-call parser (so that tool_choice auto/required/named is accepted) and its reasoning parser, if any.
 FAMILIES: dict[str, tuple[str, ...]] = {
     "qwen2.5-instruct": ("--tool-call-parser", "qwen"),

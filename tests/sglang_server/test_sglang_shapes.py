@@ -18,7 +18,7 @@ import pytest
 from proxy.core.count import SERVER_REFUSES, CountResult
 from proxy.core.flavors import flavor_named
 from proxy.core.server_settings import DEFAULT_SETTINGS, ServerSettings
-from tests.conftest import REPO, SHARED_TOKENIZERS
+from tests.conftest import REPO, TEST_TOKENIZERS
 from tests.sglang_server.sglang_proc import Oracle
 from tests.sglang_server.sglang_shapes import DIVERGES, SHAPES, refused_by
 from tests.vllm_server.vllm_shapes import Shape
@@ -103,7 +103,7 @@ CLI_FAMILY = "qwen3"
 def test_count_command_with_sglang_flavor(oracles: dict[str, Oracle], shape: Shape) -> None:
     oracle = oracles[CLI_FAMILY]
     proc = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "count", "--tokenizer", str(SHARED_TOKENIZERS / oracle.family),
+        [sys.executable, "-m", "proxy.cli", "count", "--tokenizer", str(TEST_TOKENIZERS / oracle.family),
          "--server-flavor", "sglang", "-"],
         input=json.dumps(shape.body), capture_output=True, text=True, cwd=REPO, check=False, timeout=300,
     )  # fmt: skip

@@ -21,7 +21,7 @@ import pytest
 
 from proxy.core.renderers.harmony_vocab import vocab_dir
 from proxy.core.specs import TESTED_VERSIONS
-from tests.conftest import SHARED_TOKENIZERS, unavailable
+from tests.conftest import TEST_TOKENIZERS, shared_dirs, unavailable
 from tests.lifetimes import release_after_directory
 from tests.vllm_oracle.oracle_proc import FAMILIES, Oracle, OracleProcess, launch, model_folder, stop
 from tests.vllm_server.vllm_proc import INSTALL_SCRIPT, REPO, VllmUnavailable, venv_python
@@ -73,7 +73,7 @@ def oracle_python(release: str) -> str:
 def harmony_vocab() -> dict[str, str]:
     """openai-harmony's vocabulary for gpt-oss, offline: the oracles' $TIKTOKEN_ENCODINGS_BASE is the folder
     islwatch derives it into (core/renderers/harmony_vocab.py)."""
-    return {"TIKTOKEN_ENCODINGS_BASE": str(vocab_dir(SHARED_TOKENIZERS / HARMONY_FAMILY))}
+    return {"TIKTOKEN_ENCODINGS_BASE": str(vocab_dir(TEST_TOKENIZERS / HARMONY_FAMILY))}
 
 
 @pytest.fixture(scope="session")
@@ -81,9 +81,7 @@ def oracles(
     oracle_python: str, release: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Oracle]]:
     shared = [f for f in FAMILIES if FAMILIES[f].mistral_file is None]
-    missing = [f for f in shared if not (SHARED_TOKENIZERS / f).is_dir()]
-    if missing:
-        pytest.skip(f"shared tokenizers not present in {SHARED_TOKENIZERS}: {missing}")
+    shared_dirs(shared)  # the built test tokenizers: a skip when absent, a failure under CI
     venv = Path(oracle_python).parents[1]
     cache = venv / "oracle-models"  # next to the venv, like its tiny models
     # Each release its own vLLM cache: vLLM keeps what it inspects of a model class in a file named by the
@@ -93,7 +91,7 @@ def oracles(
     env = {**harmony_vocab(), "VLLM_CACHE_ROOT": str(venv / "vllm-cache")}
     logs = tmp_path_factory.mktemp("vllm-oracle")
     served = [f for f in FAMILIES if release == "vllm" or f in NEWER_RELEASE_FAMILIES]
-    folders = {family: model_folder(cache, family, SHARED_TOKENIZERS) for family in served}
+    folders = {family: model_folder(cache, family, TEST_TOKENIZERS) for family in served}
     count = max(1, min(PROCESSES, len(folders)))
     shares = [dict(list(folders.items())[i::count]) for i in range(count)]  # round robin: costs even out
     processes: list[OracleProcess] = []

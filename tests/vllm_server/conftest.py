@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SHARED_TOKENIZERS, load_shared, unavailable
+from tests.conftest import TEST_TOKENIZERS, load_shared, shared_dirs, unavailable
 from tests.lifetimes import release_after_directory
 from tests.server.helpers import Background, proxy_config
 from tests.vllm_server.vllm_proc import (
@@ -49,9 +49,7 @@ def vllm_servers(
     vllm_python: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, VllmServer]]:
     """One chat server per family and one embedding server, all starting at once."""
-    missing = [f for f in (*FAMILIES, PROBE_TOKENIZER) if not (SHARED_TOKENIZERS / f).is_dir()]
-    if missing:
-        pytest.skip(f"shared tokenizers not present in {SHARED_TOKENIZERS}: {missing}")
+    shared_dirs([*FAMILIES, PROBE_TOKENIZER])  # the built test tokenizers: a skip when absent, a failure under CI
     version = vllm_version(vllm_python)
     logs = tmp_path_factory.mktemp("vllm")
     wanted = [(f, False) for f in FAMILIES] + [(EMBED_FAMILY, True)]
@@ -60,7 +58,7 @@ def vllm_servers(
     try:
         for family, embedding in wanted:
             key = f"{family}-embed" if embedding else family
-            model = tiny_model(vllm_python, SHARED_TOKENIZERS / family, family)
+            model = tiny_model(vllm_python, TEST_TOKENIZERS / family, family)
             server = VllmServer(family, model, free_port(), logs / f"{key}.log", version, embedding)
             procs[key] = launch(vllm_python, server)
             servers[key] = server
@@ -111,7 +109,7 @@ def start_proxy(
     cfg = proxy_config(
         server.base_url,
         tokenizer="none",
-        model_tokenizers={server.model: str(SHARED_TOKENIZERS / (tokenizer or server.family))},
+        model_tokenizers={server.model: str(TEST_TOKENIZERS / (tokenizer or server.family))},
         **overrides,
     )
     url, admin_url, _ = bg.enter(run_proxy(cfg))

@@ -30,7 +30,7 @@ from loadgen.workload.conversations import Workload
 from loadgen.workload.markers import CacheBust
 from proxy.core.tokens import template_ids
 from proxy.server.engine_metrics import engine_of, samples
-from tests.conftest import SHARED_TOKENIZERS, load_shared
+from tests.conftest import TEST_TOKENIZERS, load_shared
 from tests.eventually import eventually
 from tests.server.helpers import Background, parse_metrics, proxy_config, value
 from tests.vllm_server.vllm_proc import BILLED_BLOCK, BILLED_FAMILY, VllmServer
@@ -55,7 +55,7 @@ def bill_proxy(billed: VllmServer, background: Background) -> tuple[str, str]:
     cfg = proxy_config(
         billed.base_url,
         tokenizer="none",
-        model_tokenizers={billed.model: str(SHARED_TOKENIZERS / billed.family)},
+        model_tokenizers={billed.model: str(TEST_TOKENIZERS / billed.family)},
         upstream_metrics_url=billed.base_url + "/metrics",
         upstream_metrics_interval_seconds=0.2,
     )
@@ -198,7 +198,7 @@ def run_twice(server: VllmServer, target: CacheBust) -> tuple[LoadgenConfig, lis
     tok = load_shared(BILLED_FAMILY).tokenizer
     seed = random.randrange(1 << 31)  # texts no earlier run (in this server's cache) sent
     base = dict(
-        url=server.base_url, model=server.model, tokenizer=str(SHARED_TOKENIZERS / BILLED_FAMILY), isl=ISL,
+        url=server.base_url, model=server.model, tokenizer=str(TEST_TOKENIZERS / BILLED_FAMILY), isl=ISL,
         osl=16, turns=2, shared_system_prompt_length=SYSTEM_TOKENS, cache_bust=target, concurrency=1,
         request_count=2 * CONVERSATIONS, seed=seed,
     )  # fmt: skip

@@ -17,7 +17,7 @@ from openai import OpenAI
 from proxy.core.count import TEMPLATE_ERROR, count_request
 from proxy.core.endpoints import SHAPES
 from proxy.core.usage import SSEUsageParser, usage_of
-from tests.conftest import REPO, SHARED_TOKENIZERS
+from tests.conftest import REPO, TEST_TOKENIZERS
 from tests.vllm_server.vllm_proc import VllmServer, post, post_raw
 from tests.vllm_server.vllm_shapes import ANSWERED, EMBEDDINGS, TEMPLATE_REFUSES, Shape
 
@@ -91,7 +91,7 @@ CLI_SHAPES = [s for s in ANSWERED if s.name in ("developer_after_system", "tools
 @pytest.mark.parametrize("shape", CLI_SHAPES, ids=[s.name for s in CLI_SHAPES])
 def test_count_command_with_vllm_flavor(vllm: VllmServer, shape: Shape) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "count", "--tokenizer", str(SHARED_TOKENIZERS / vllm.family),
+        [sys.executable, "-m", "proxy.cli", "count", "--tokenizer", str(TEST_TOKENIZERS / vllm.family),
          "--server-flavor", "vllm", "--endpoint", shape.endpoint, "-"],
         input=json.dumps(shape.body), capture_output=True, text=True, cwd=REPO, check=True, timeout=300,
     )  # fmt: skip

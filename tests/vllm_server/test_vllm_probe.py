@@ -98,11 +98,11 @@ def test_the_release_gate_checks_a_live_server(
     import subprocess
     import sys
 
-    from tests.conftest import REPO, SHARED_TOKENIZERS
+    from tests.conftest import REPO, TEST_TOKENIZERS
 
     server = vllm_servers[PROBE_SERVER]
     out = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "parity", "--tokenizer", str(SHARED_TOKENIZERS / tokenizer),
+        [sys.executable, "-m", "proxy.cli", "parity", "--tokenizer", str(TEST_TOKENIZERS / tokenizer),
          "--server", server.base_url, "--model", server.model, "--json"],
         capture_output=True, text=True, cwd=REPO, timeout=300,
     )  # fmt: skip

@@ -24,7 +24,7 @@ INSTALL_SCRIPT = REPO / "scripts" / "install_vllm.sh"
 BUILD_MODEL = REPO / "scripts" / "build_tiny_model.py"
 ENV_PYTHON = "ISLWATCH_VLLM_PYTHON"
 TOOLS = ("--enable-auto-tool-choice", "--tool-call-parser")
-# family (folder in ../shared/tokenizers) -> (architecture, `vllm serve` flags): the tool-call parser a
+# family (a folder of the built test tokenizers) -> (architecture, `vllm serve` flags): the tool-call parser a
 # deployment passes so that `tools` are accepted, and the reasoning parser where the model has one; the flags
 # the family's in-process oracle is built with (tests/vllm_oracle/oracle_proc.py). Llama 3.1's vocabulary has
 # <|python_tag|>, which `llama3_json` needs (Llama 3.0's lacks it: that parser refuses to start there).
