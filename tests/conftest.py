@@ -29,9 +29,7 @@ FAMILIES = [
     "smollm2-135m-instruct",
     "deepseek-v3",
 ]
-NO_TEST_DATA = (
-    f"test tokenizers not built at {TEST_TOKENIZERS}: run python3 scripts/build_test_data.py (scripts/test.sh does)"
-)
+NO_TEST_DATA = f"test tokenizers not built at {TEST_TOKENIZERS}: run python3 scripts/build_test_data.py (scripts/test.sh does)"
 
 
 def unavailable(reason: str) -> NoReturn:

@@ -66,7 +66,6 @@ PER_REQUEST = {
 }
 
 
-
 @pytest.fixture(scope="module")
 def background() -> Iterator[Background]:
     bg = Background()

@@ -49,7 +49,9 @@ def vllm_servers(
     vllm_python: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, VllmServer]]:
     """One chat server per family and one embedding server, all starting at once."""
-    shared_dirs([*FAMILIES, PROBE_TOKENIZER])  # the built test tokenizers: a skip when absent, a failure under CI
+    shared_dirs(
+        [*FAMILIES, PROBE_TOKENIZER]
+    )  # the built test tokenizers: a skip when absent, a failure under CI
     version = vllm_version(vllm_python)
     logs = tmp_path_factory.mktemp("vllm")
     wanted = [(f, False) for f in FAMILIES] + [(EMBED_FAMILY, True)]
