@@ -2,7 +2,10 @@
 
 Every other module (the handler, the counting core, the emulator, the loadgen) reads this table instead of
 keeping its own copy. Shapes follow the OpenAI API reference (chat, completions, embeddings, responses)
-as vLLM serves them (`vllm/entrypoints/openai/protocol.py`).
+as vLLM serves them (`vllm/entrypoints/openai/protocol.py`), and the Anthropic Messages API
+(https://docs.anthropic.com/en/api/messages, `count_tokens` beside it) that vLLM, SGLang and llama-server
+serve too (`vllm/entrypoints/anthropic/api_router.py`): a Messages request is converted into a chat request
+by each server's own rules (core/flavors/*_messages.py), then counted as a chat.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ class Endpoint(StrEnum):
     COMPLETIONS = "completions"
     EMBEDDINGS = "embeddings"
     RESPONSES = "responses"
+    MESSAGES = "messages"  # Anthropic's /v1/messages
+    COUNT_TOKENS = "count_tokens"  # Anthropic's /v1/messages/count_tokens: the prompt's count, no generation
 
 
 @dataclass(frozen=True)
@@ -27,7 +32,8 @@ class Shape:
     streams: bool  # answers with server-sent events when the request says `stream: true`
     include_usage: bool  # takes `stream_options.include_usage` (chat and completions only)
     id_prefix: str  # the prefix of response ids (`chatcmpl-...`, `resp_...`)
-    # Where the prompt count sits in `usage`: `prompt_tokens`, or `input_tokens` on /v1/responses.
+    # Where the prompt count sits in `usage`: `prompt_tokens`, or `input_tokens` on /v1/responses and the
+    # Messages API (there without the prefix-cache hits: core/usage.py adds them back).
     prompt_usage_field: str = "prompt_tokens"
 
 
@@ -47,7 +53,15 @@ SHAPES: dict[Endpoint, Shape] = {
     Endpoint.RESPONSES: Shape(
         Endpoint.RESPONSES, "/v1/responses", ("max_output_tokens",), True, False, "resp_", "input_tokens"
     ),
+    Endpoint.MESSAGES: Shape(
+        Endpoint.MESSAGES, "/v1/messages", ("max_tokens",), True, False, "msg_", "input_tokens"
+    ),
+    Endpoint.COUNT_TOKENS: Shape(
+        Endpoint.COUNT_TOKENS, "/v1/messages/count_tokens", (), False, False, "", "input_tokens"
+    ),
 }
+# The endpoints whose body is an Anthropic Messages request.
+ANTHROPIC = frozenset({Endpoint.MESSAGES, Endpoint.COUNT_TOKENS})
 BY_PATH: dict[str, Endpoint] = {shape.path: endpoint for endpoint, shape in SHAPES.items()}
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .count import (
     CHAT_TEMPLATE,
@@ -25,7 +25,7 @@ from .count import (
     uncounted,
 )
 from .diagnose import DriftProfile, build_profile
-from .endpoints import Endpoint
+from .endpoints import ANTHROPIC, Endpoint
 from .extract import ChatInput, responses_as_chat
 from .fast import best_encoder
 from .flavors import Flavor, flavor_named
@@ -41,6 +41,8 @@ from .templates import Template, has_tools, processor_template, tokenizer_templa
 from .tokenizer import LoadedTokenizer, TokenizerIdentity, load_mistral_identity, load_tokenizer
 from .vision import image_model_for
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class ServedModel:
@@ -55,9 +57,18 @@ class ServedModel:
     mistral: MistralRenderer | None = None
     text_only: bool = False  # the server serves the folder as a text model: media parts are refused
     model_type: str | None = None  # config.json's (SGLang keys a gpt-oss rule on it)
+    probes: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # once(): per model
 
     def count(self, endpoint: str, body: Any, streamed: bool = False) -> CountResult:
-        """What the server counts for this request. Never raises but on an islwatch bug (core/count.py)."""
+        """What the server counts for this request. Never raises but on an islwatch bug (core/count.py).
+        An Anthropic Messages request is the chat request the server converts it into (the flavor's rules),
+        counted as that chat."""
+        if endpoint in ANTHROPIC:
+            try:
+                chat = self.flavor.messages_as_chat(body, endpoint == Endpoint.COUNT_TOKENS, self)
+            except InvalidBody as exc:
+                return not_counted(endpoint, exc)
+            return replace(self.count(Endpoint.CHAT, chat, streamed), endpoint=str(endpoint))
         result = self.flavor.reported(
             self._count(endpoint, body, streamed), endpoint, body, streamed, self.renderer
         )
@@ -102,6 +113,32 @@ class ServedModel:
         except MediaNotModelled:
             return fallback
         return replace(fallback, templated=len(ids), expected_server=len(ids), method=CHAT_TEMPLATE)
+
+    # ServedTemplates (core/flavors/served.py): the server's own probes of its templates.
+    def templates(self) -> list[str | None]:
+        if self.harmony is not None or self.mistral is not None:
+            return [None]
+        return [(self.processor_encoder or self.encoder).template, self.encoder.template]
+
+    def rendered(self, chat_body: dict[str, Any]) -> Any:
+        try:
+            if self.harmony is not None:
+                date = server_date(self.settings.harmony_start_date)
+                return tuple(self.harmony.harmony_chat_ids(chat_body, start_date=date))
+            if self.mistral is not None:
+                return tuple(self.mistral.chat_ids(chat_body))
+            enc = self.processor_encoder or self.encoder  # a probe has no tools
+            chat = parse(Endpoint.CHAT, chat_body, enc.parts_format, enc.developer_role, self.settings)
+            assert isinstance(chat, ChatInput)
+            return enc.render(chat)
+        except Exception:  # the server's probe takes any failure to render as a refusal
+            return None
+
+    def once(self, key: str, compute: Callable[[], T]) -> T:
+        if key not in self.probes:
+            self.probes[key] = compute()
+        value: T = self.probes[key]
+        return value
 
     def describe(self) -> dict[str, Any]:
         """The identity with what the server was found to render with (/readyz, islwatch_tokenizer_info)."""

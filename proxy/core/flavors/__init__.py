@@ -6,7 +6,8 @@ A flavor answers four questions, by the rules its server's source follows (each 
   templates; vLLM: the processor's template for requests without tools);
 - what the server counts for a request: its preparation of the body, then the one counting path
   (core/count.py), then what it reports of it (truncation, the usage of several prompts);
-- what it refuses (a `ServerRefuses`, counted as `server_would_refuse`), media on text models included.
+- what it refuses (a `ServerRefuses`, counted as `server_would_refuse`), media on text models included;
+- how it turns an Anthropic Messages request into the chat request it serves (`messages_as_chat`).
 The shared request parsing (core/extract.py, core/messages.py) follows vLLM, the reference server; a
 flavor says where its server departs from it. core/model.py assembles a served model from one of these.
 """
@@ -20,6 +21,7 @@ from ..count import CountResult, Encoder
 from ..server_settings import DEFAULT_SETTINGS, ServerSettings
 from ..specs import FLAVORS
 from .llama_cpp import LLAMA_CPP
+from .served import ServedTemplates
 from .sglang import SGLANG
 from .vllm import VLLM
 
@@ -75,6 +77,11 @@ class Flavor(Protocol):
     ) -> CountResult:
         """The count as the server reports it in `usage`, from whichever renderer counted it: truncation,
         the usage of several prompts."""
+        ...
+
+    def messages_as_chat(self, body: Any, count_tokens: bool, served: ServedTemplates) -> dict[str, Any]:
+        """The chat request the server serves for an Anthropic Messages (or `count_tokens`) request body.
+        Raises InvalidBody (a ServerRefuses where the server answers 400)."""
         ...
 
 

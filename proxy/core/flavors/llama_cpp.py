@@ -47,6 +47,7 @@ from ..messages import InvalidBody, ServerRefuses
 from ..renderers import JINJA
 from ..server_settings import DEFAULT_SETTINGS, ServerSettings
 from ..tokens import iterates_content_parts
+from .served import ServedTemplates
 
 REFUSES = "llama.cpp answers 400: "
 FAILS = "llama.cpp answers 500: "  # not a refusal islwatch counts as one: an InvalidBody, as vLLM's 500s
@@ -446,6 +447,9 @@ class LlamaCppFlavor:
     ) -> CountResult:
         reported = reported_prompt_tokens(endpoint, result.prompts, streamed)
         return result if reported is None else replace(result, expected_server=reported)
+
+    def messages_as_chat(self, body: Any, count_tokens: bool, served: ServedTemplates) -> dict[str, Any]:
+        raise InvalidBody("the Messages API is not modelled for this flavor yet")
 
 
 LLAMA_CPP = LlamaCppFlavor()

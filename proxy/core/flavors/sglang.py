@@ -49,6 +49,7 @@ from ..messages import InvalidBody
 from ..renderers import JINJA
 from ..server_settings import DEFAULT_SETTINGS, ServerSettings
 from . import sglang_request as req
+from .served import ServedTemplates
 
 # Arguments `_render_and_encode_chat_template` passes to `apply_chat_template` itself: the same key in
 # `chat_template_kwargs` is a "multiple values" TypeError (400), or a KeyError on the retry (500).
@@ -418,6 +419,9 @@ class SglangFlavor:
         self, result: CountResult, endpoint: str, body: Any, streamed: bool, renderer: str
     ) -> CountResult:
         return result
+
+    def messages_as_chat(self, body: Any, count_tokens: bool, served: ServedTemplates) -> dict[str, Any]:
+        raise InvalidBody("the Messages API is not modelled for this flavor yet")
 
 
 SGLANG = SglangFlavor()

@@ -28,6 +28,8 @@ from ..renderers import HARMONY, JINJA, MISTRAL
 from ..renderers.mistral import is_mistral_folder
 from ..server_settings import DEFAULT_SETTINGS, ServerSettings
 from ..templates import PROCESSOR_FILES
+from .served import ServedTemplates
+from .vllm_messages import disabled_thinking_effort, messages_as_chat, template_refuses_inline_system
 
 GPT_OSS = "gpt_oss"  # config.json's model_type that vLLM renders with Harmony
 
@@ -123,6 +125,23 @@ class VllmFlavor:
         # Measured on 0.32 and 0.33 (tests/vllm_oracle).
         harmony = renderer == HARMONY and endpoint in (Endpoint.CHAT, Endpoint.RESPONSES)
         return result if harmony else truncated(result, body)
+
+    def messages_as_chat(self, body: Any, count_tokens: bool, served: ServedTemplates) -> dict[str, Any]:
+        # Both probed once, as AnthropicServingMessages does: the merge at start-up (for the templates the
+        # renderer applies with and without tools), the effort on the first `thinking: disabled` request.
+        merge = served.once(
+            "vllm.merge_inline_system",
+            lambda: any(template_refuses_inline_system(t) for t in served.templates()),
+        )
+        thinking = body.get("thinking") if isinstance(body, dict) else None
+        effort = "none"
+        if isinstance(thinking, dict) and thinking.get("type") == "disabled":
+            probe = {"messages": [{"role": "user", "content": "Hi"}]}
+            effort = served.once(
+                "vllm.disabled_thinking_effort",
+                lambda: disabled_thinking_effort(lambda e: served.rendered({**probe, "reasoning_effort": e})),
+            )
+        return messages_as_chat(body, count_tokens, merge, effort)
 
 
 VLLM = VllmFlavor()
