@@ -22,9 +22,8 @@ import jinja2
 import jinja2.ext
 import jinja2.sandbox
 
-from ..messages import REFUSES, ServerRefuses
+from ..messages import BILLING_HEADER, REFUSES, ServerRefuses
 
-BILLING_HEADER = "x-anthropic-billing-header"  # Claude Code's per-request hash: vLLM drops such a block
 BLOCK_TYPES = frozenset(
     {
         "text",
