@@ -62,6 +62,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help=f"answer length when the request sets none (default {DEFAULT_MAX_TOKENS})",
     )
     parser.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="model vLLM's prefix cache: repeated leading blocks of 16 tokens are reported as cached "
+        "(the Messages API's cache_read_input_tokens, subtracted from input_tokens)",
+    )
+    parser.add_argument(
         "--wall-clock",
         action="store_true",
         help="real `created` timestamps (default: a fixed one, for reproducible bytes)",
@@ -81,6 +87,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         default_max_tokens=args.default_max_tokens,
         strict_models=args.strict_models,
         created=None if args.wall_clock else FIXED_CREATED,
+        prefix_cache=args.prefix_cache,
     )
 
 

@@ -8,6 +8,11 @@ Where OpenAI-compatible servers put the prompt count:
   without the nulls (and repeats usage on every chunk with `continuous_usage_stats`); llama.cpp puts usage on
   the chunk that carries `finish_reason` for `/v1/completions`; `/v1/responses` streams carry it in the
   `response.completed` event as `response.usage.input_tokens`.
+- The Anthropic Messages API (vLLM, SGLang, llama-server): `usage.input_tokens` is the prompt *without* the
+  tokens read from or written to the prefix cache (`cache_read_input_tokens`, `cache_creation_input_tokens`:
+  https://docs.anthropic.com/en/api/messages, vLLM's anthropic/serving.py `_build_anthropic_usage`), so the
+  prompt is their sum. A stream carries it in `message_start` (`message.usage`), the output count in
+  `message_delta` (vLLM repeats the input there). `count_tokens` answers `{"input_tokens": N}`: the prompt.
 
 `SSEUsageParser.feed(chunk)` accepts any chunking (it is tested one byte at a time), reads events with the
 one SSE reader (core/sse.py) and only parses the data of events that mention `"usage"`; only those events
@@ -21,7 +26,7 @@ answers).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -54,11 +59,17 @@ def usage_of(obj: Any) -> Usage | None:
     usage = obj.get("usage")
     if usage is None and isinstance(obj.get("response"), dict):  # /v1/responses events
         usage = obj["response"].get("usage")
+    if usage is None and isinstance(obj.get("message"), dict):  # Anthropic's message_start event
+        usage = obj["message"].get("usage")
+    if usage is None and "input_tokens" in obj:  # Anthropic's count_tokens answer: the count is top-level
+        usage = obj
     if not isinstance(usage, dict):
         return None
     prompt = _int(usage.get("prompt_tokens"))
-    if prompt is None:
-        prompt = _int(usage.get("input_tokens"))
+    cache_read = _int(usage.get("cache_read_input_tokens"))
+    if prompt is None and (prompt := _int(usage.get("input_tokens"))) is not None:
+        # Anthropic's input_tokens leaves out the cached part of the prompt (module docstring): added back.
+        prompt += (cache_read or 0) + (_int(usage.get("cache_creation_input_tokens")) or 0)
     if prompt is None:
         return None
     output = _int(usage.get("completion_tokens"))
@@ -67,6 +78,7 @@ def usage_of(obj: Any) -> Usage | None:
     # Chat/completions name the details `prompt_tokens_details` / `completion_tokens_details`, /v1/responses
     # `input_tokens_details` / `output_tokens_details` (OpenAI API reference, the usage objects).
     cached = _detail(usage, "prompt_tokens_details", "input_tokens_details", "cached_tokens")
+    cached = cache_read if cached is None else cached
     reasoning = _detail(usage, "completion_tokens_details", "output_tokens_details", "reasoning_tokens")
     return Usage(prompt, output, _int(usage.get("total_tokens")), cached, reasoning)
 
@@ -112,6 +124,18 @@ def _finished_choice_index(obj: Any) -> int | None:
     return None
 
 
+def _delta_output_tokens(obj: Any) -> int | None:
+    """The output count of an Anthropic `message_delta` whose usage has no input count (SGLang, llama.cpp):
+    the input count stays the `message_start`'s."""
+    if (
+        not isinstance(obj, dict)
+        or obj.get("type") != "message_delta"
+        or not isinstance(obj.get("usage"), dict)
+    ):
+        return None
+    return _int(obj["usage"].get("output_tokens"))
+
+
 class UsageTally:
     """The usage of a stream, from the data of its events that mention usage.
 
@@ -133,6 +157,8 @@ class UsageTally:
             return False  # OpenAI's `"usage": null` on an ordinary chunk: nothing to parse
         usage, obj = _event_usage(data)
         if usage is None:
+            if self._usage is not None and (output := _delta_output_tokens(obj)) is not None:
+                self._usage = replace(self._usage, output_tokens=output)
             return False
         self._usage = usage
         if is_usage_only_chunk(obj):

@@ -135,9 +135,42 @@ def _embeddings_data(emu: Emulator, plan: Plan) -> list[dict[str, Any]]:
     ]
 
 
+def anthropic_usage(plan: Plan, output: int) -> dict[str, int]:
+    """vLLM's `_build_anthropic_usage`: input_tokens without the prefix-cache hits, which are reported
+    beside it (vLLM reports them with --enable-prompt-tokens-details: `--prefix-cache` here)."""
+    if plan.cached is None:
+        return {"input_tokens": plan.prompt_tokens, "output_tokens": output}
+    return {
+        "input_tokens": plan.prompt_tokens - plan.cached,
+        "output_tokens": output,
+        "cache_read_input_tokens": plan.cached,
+    }
+
+
+def anthropic_message(plan: Plan, text: str | None) -> dict[str, Any]:
+    """An Anthropic Messages response (vLLM's AnthropicMessagesResponse): in progress (`text` None, as
+    `message_start` carries it) or complete."""
+    done = text is not None
+    return {
+        "id": plan.rid,
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": text}] if done else [],
+        "model": plan.model,
+        "stop_reason": "max_tokens" if done else None,
+        "stop_sequence": None,
+        "usage": anthropic_usage(plan, plan.completion_tokens if done else 0),
+    }
+
+
 def full_body(emu: Emulator, plan: Plan) -> dict[str, Any]:
     """The non-streaming answer: exactly `plan.max_tokens` tokens of text per prompt."""
+    if plan.endpoint == Endpoint.COUNT_TOKENS:  # vLLM's AnthropicCountTokensResponse
+        n = plan.prompt_tokens
+        return {"input_tokens": n, "context_management": {"original_input_tokens": n}}
     text = emu.text(plan.max_tokens)
+    if plan.endpoint == Endpoint.MESSAGES:
+        return anthropic_message(plan, text)
     if plan.endpoint == Endpoint.RESPONSES:
         return response_object(plan, text)
     kind = OBJECT_KINDS.get(plan.endpoint, "list")

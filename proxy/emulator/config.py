@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from proxy.core.specs import DEFAULT_TOKENIZER
 from proxy.emulator.faults import Faults
 
+PREFIX_BLOCK = 16  # vLLM's default --block-size on CPU and GPU
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's completions default; used for every endpoint here
 # A fixed `created` keeps responses byte-for-byte reproducible (the proxy's byte-identity tests rely on it).
 FIXED_CREATED = 1_700_000_000
@@ -29,6 +30,9 @@ class EmulatorConfig:
     embedding_dim: int = 8
     max_model_len: int = 4096  # reported by POST /tokenize, as vLLM reports its context length
     created: int | None = FIXED_CREATED  # None: wall clock
+    # vLLM's automatic prefix caching with --enable-prompt-tokens-details: a request's leading whole blocks of
+    # PREFIX_BLOCK tokens seen before are cache hits; the Messages API subtracts them from input_tokens.
+    prefix_cache: bool = False
 
     @property
     def served_models(self) -> tuple[str, ...]:

@@ -7,7 +7,9 @@ primitives (`proxy.core.tokens`), which are the tokenizer calls themselves:
 - chat / responses: vLLM prepares the messages (`chat_utils.py`), renders the template with
   `tokenize=False`, then encodes the text with `add_special_tokens` from the request (default False;
   `serving_engine.py` `_preprocess_chat`);
-- completions / embeddings: a plain encode with special tokens (default True); token-id prompts as given.
+- completions / embeddings: a plain encode with special tokens (default True); token-id prompts as given;
+- the Anthropic Messages API: vLLM's conversion into a chat request (shared with the core: it is request
+  extraction, like `proxy.core.extract`), then the chat path.
 
 Pure functions of (tokenizer, body, faults); a body vLLM would refuse raises `RequestError`. `tok` renders
 (its chat template and template facts); `enc`, when given (the `tokenizer=SPEC` fault), encodes instead of
@@ -22,6 +24,7 @@ from typing import Any
 
 from proxy.core.endpoints import Endpoint
 from proxy.core.extract import ChatInput, chat_input, prompt_input, responses_input
+from proxy.core.flavors.vllm_messages import messages_as_chat, template_refuses_inline_system
 from proxy.core.messages import InvalidBody
 from proxy.core.tokens import developer_role, encode, encode_len, parts_format, render_chat, template_of
 from proxy.emulator.errors import RequestError
@@ -86,6 +89,28 @@ def chat_prompt_tokens(tok: Any, endpoint: Endpoint, body: Any, faults: Faults, 
     rendered = _templated(tok, chat, faults)
     add_special = chat.add_special_tokens or faults.double_bos
     return encode_len(enc, rendered, add_special_tokens=add_special) + faults.system_prompt_tokens
+
+
+def chat_prompt_ids(tok: Any, body: Any, faults: Faults, enc: Any = None) -> list[int]:
+    """The ids `chat_prompt_tokens` counts for a chat body (the prefix cache hashes them); the hidden
+    system prompt of the `system-prompt=N` fault is N ids of -1 in front, the same on every request."""
+    enc = tok if enc is None else enc
+    chat = _checked_chat(tok, Endpoint.CHAT, body)
+    hidden = [-1] * faults.system_prompt_tokens
+    if faults.no_template:
+        return hidden + encode(enc, NO_TEMPLATE_JOIN.join(chat.texts), True)
+    rendered = _templated(tok, chat, faults)
+    return hidden + encode(enc, rendered, chat.add_special_tokens or faults.double_bos)
+
+
+def anthropic_as_chat(tok: Any, endpoint: Endpoint, body: Any) -> dict[str, Any]:
+    """The chat request vLLM serves for a Messages request (its conversion, core/flavors/vllm_messages.py:
+    the emulator answers like vLLM). The start-up probe of `thinking: disabled` is not run: `none`."""
+    merge = template_refuses_inline_system(template_of(tok))
+    try:
+        return messages_as_chat(body, endpoint == Endpoint.COUNT_TOKENS, merge)
+    except InvalidBody as exc:
+        raise RequestError(str(exc)) from None
 
 
 def chat_ids(tok: Any, body: Any, enc: Any = None) -> list[int]:

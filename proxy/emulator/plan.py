@@ -16,10 +16,16 @@ from typing import Any
 
 import orjson
 
-from proxy.core.endpoints import SHAPES, Endpoint
+from proxy.core.endpoints import ANTHROPIC, SHAPES, Endpoint
 from proxy.core.tokenizer import LoadedTokenizer
-from proxy.emulator.config import EmulatorConfig
-from proxy.emulator.counting import chat_prompt_tokens, pick_word, prompt_token_counts
+from proxy.emulator.config import PREFIX_BLOCK, EmulatorConfig
+from proxy.emulator.counting import (
+    anthropic_as_chat,
+    chat_prompt_ids,
+    chat_prompt_tokens,
+    pick_word,
+    prompt_token_counts,
+)
 from proxy.emulator.errors import RequestError
 
 __all__ = [
@@ -60,6 +66,7 @@ class Plan:
     include_usage: bool
     continuous_usage: bool
     body: dict[str, Any]
+    cached: int | None = None  # prompt tokens served from the prefix cache (`--prefix-cache`; None: off)
 
     @property
     def prompt_tokens(self) -> int:
@@ -67,7 +74,9 @@ class Plan:
 
     @property
     def completion_tokens(self) -> int:
-        return 0 if self.endpoint == Endpoint.EMBEDDINGS else self.max_tokens * len(self.prompts)
+        if self.endpoint in (Endpoint.EMBEDDINGS, Endpoint.COUNT_TOKENS):
+            return 0
+        return self.max_tokens * len(self.prompts)
 
 
 def request_digest(body: dict[str, Any]) -> str:
@@ -108,6 +117,22 @@ class Emulator:
         self.status_rng = random.Random(f"{config.seed}:status")
         self.reset_rng = random.Random(f"{config.seed}:reset")
         self.stats = EmulatorStats()
+        self.blocks: set[bytes] = set()  # the prefix cache: chained hashes of the whole blocks seen
+
+    def cached_prefix(self, ids: list[int]) -> int:
+        """Tokens of `ids` served from the prefix cache, which then holds their blocks too. As vLLM's block
+        pool: whole blocks only, chained hashes (a block is a hit only after the same blocks before it), and
+        never the last token (it is always computed)."""
+        hit, chained, counting = 0, b"", True
+        for start in range(0, len(ids) - PREFIX_BLOCK + 1, PREFIX_BLOCK):
+            block = orjson.dumps(ids[start : start + PREFIX_BLOCK])
+            chained = hashlib.sha256(chained + block).digest()
+            if counting and chained in self.blocks:
+                hit += PREFIX_BLOCK
+            else:
+                counting = False
+                self.blocks.add(chained)
+        return min(hit, (len(ids) - 1) // PREFIX_BLOCK * PREFIX_BLOCK)
 
     def created(self) -> int:
         return int(time.time()) if self.config.created is None else self.config.created
@@ -164,7 +189,16 @@ class Emulator:
         served = self.config.served_models
         if body.get("n") not in (None, 1):
             raise RequestError("the emulator answers n=1 only", param="n")
-        prompts = self.prompt_counts(endpoint, body)
+        cached = None
+        if endpoint in ANTHROPIC:
+            ids = chat_prompt_ids(
+                self.tok, anthropic_as_chat(self.tok, endpoint, body), self.config.faults, self.enc
+            )
+            prompts: tuple[int, ...] = (len(ids),)
+            if endpoint == Endpoint.MESSAGES and self.config.prefix_cache:
+                cached = self.cached_prefix(ids)
+        else:
+            prompts = self.prompt_counts(endpoint, body)
         raw_options = body.get("stream_options")
         options: dict[str, Any] = raw_options if isinstance(raw_options, dict) else {}
         shape = SHAPES[endpoint]
@@ -179,4 +213,5 @@ class Emulator:
             include_usage=bool(options.get("include_usage")),
             continuous_usage=bool(options.get("continuous_usage_stats")),
             body=body,
+            cached=cached,
         )

@@ -10,7 +10,14 @@ from typing import Any
 import orjson
 
 from proxy.core.endpoints import Endpoint
-from proxy.emulator.answers import message_id, message_item, response_object, usage
+from proxy.emulator.answers import (
+    anthropic_message,
+    anthropic_usage,
+    message_id,
+    message_item,
+    response_object,
+    usage,
+)
 from proxy.emulator.plan import Emulator, Plan
 
 DONE = b"data: [DONE]\n\n"
@@ -99,7 +106,28 @@ def responses_events(emu: Emulator, plan: Plan) -> Iterator[bytes]:
         yield b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
 
+def _messages_steps(emu: Emulator, plan: Plan) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(event type, fields) of each Messages API event, in vLLM's order (anthropic/serving.py
+    `message_stream_converter`): usage in message_start, and again, with the output count, in message_delta."""
+    yield "message_start", {"message": anthropic_message(plan, None)}
+    yield "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}
+    for piece in emu.pieces(plan.max_tokens):
+        yield "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": piece}}
+    yield "content_block_stop", {"index": 0}
+    delta = {"stop_reason": "max_tokens", "stop_sequence": None}
+    yield "message_delta", {"delta": delta, "usage": anthropic_usage(plan, plan.completion_tokens)}
+    yield "message_stop", {}
+
+
+def messages_events(emu: Emulator, plan: Plan) -> Iterator[bytes]:
+    """Named events, no [DONE]."""
+    for kind, fields in _messages_steps(emu, plan):
+        yield b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **fields}) + b"\n\n"
+
+
 def stream_events(emu: Emulator, plan: Plan) -> Iterator[bytes]:
+    if plan.endpoint == Endpoint.MESSAGES:
+        return messages_events(emu, plan)
     if plan.endpoint == Endpoint.CHAT:
         return chat_events(emu, plan)
     if plan.endpoint == Endpoint.COMPLETIONS:
