@@ -18,7 +18,7 @@ from .encoders import ReferenceEncoder
 from .endpoints import Endpoint
 from .extract import ChatInput, PromptInput, chat_input, prompt_input, responses_input
 from .images import ImageModel, count_images
-from .messages import InvalidBody, ServerRefuses
+from .messages import HistoryOnServer, InvalidBody, ServerRefuses
 from .server_settings import DEFAULT_SETTINGS, ServerSettings
 
 # method: how expected_server was obtained
@@ -33,6 +33,7 @@ NO_TEMPLATE = "no_template"
 TEMPLATE_ERROR = "template_error"
 INVALID_BODY = "invalid_body"
 SERVER_REFUSES = "server_would_refuse"  # the server's request path answers 400 (messages.ServerRefuses)
+HISTORY_ON_SERVER = "history_on_server"  # the prompt is held by the server (messages.HistoryOnServer)
 
 # proxy/, as imported (tracebacks name files by the path they were imported from): islwatch's own code.
 _PACKAGE = str(Path(__file__).parents[1])
@@ -202,7 +203,10 @@ def parse(
 
 
 def not_counted(endpoint: str, exc: InvalidBody) -> CountResult:
-    """A body the server refuses (`SERVER_REFUSES`) or that is not a request of the endpoint at all."""
+    """A body the server refuses (`SERVER_REFUSES`), whose prompt the server holds (`HISTORY_ON_SERVER`), or
+    that is not a request of the endpoint at all."""
+    if isinstance(exc, HistoryOnServer):
+        return uncounted(endpoint, HISTORY_ON_SERVER, str(exc))
     return uncounted(endpoint, SERVER_REFUSES if isinstance(exc, ServerRefuses) else INVALID_BODY, str(exc))
 
 

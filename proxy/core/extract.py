@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .images import image_sources
-from .messages import REFUSES, InvalidBody, ServerRefuses, developer_as_system, prepare_message, vllm_tool
+from .messages import (
+    REFUSES,
+    HistoryOnServer,
+    InvalidBody,
+    ServerRefuses,
+    developer_as_system,
+    prepare_message,
+    vllm_tool,
+)
 
 
 @dataclass(frozen=True)
@@ -227,6 +235,10 @@ def responses_as_chat(body: Any) -> dict[str, Any]:
     reasoning effort as the chat request's."""
     if not isinstance(body, dict):
         raise InvalidBody("body is not a JSON object")
+    if body.get("previous_response_id") is not None:
+        # vLLM prepends the stored response's conversation (responses/serving.py `_make_request`: the
+        # previous response's input and output messages): out of islwatch's sight.
+        raise HistoryOnServer("previous_response_id: the history is in the server's response store")
     raw = body.get("input")
     if isinstance(raw, str):
         messages: list[Any] = [{"role": "user", "content": raw}]

@@ -51,6 +51,11 @@ class ServerRefuses(InvalidBody):
     server's name (`REFUSES`) and quotes nothing of the request."""
 
 
+class HistoryOnServer(InvalidBody):
+    """A request whose conversation the server holds (`previous_response_id`: vLLM's response store): its
+    prompt is not in the body, so islwatch cannot count it. Counted as `history_on_server`, never drift."""
+
+
 REFUSES = "vllm answers 400: "
 _LAX_TRUE = {"true", "1", "yes", "y", "on", "t"}
 _LAX_FALSE = {"false", "0", "no", "n", "off", "f"}

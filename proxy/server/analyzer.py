@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.count import INVALID_BODY, NO_TEMPLATE, SERVER_REFUSES, CountResult
+from proxy.core.count import HISTORY_ON_SERVER, INVALID_BODY, NO_TEMPLATE, SERVER_REFUSES, CountResult
 from proxy.core.diagnose import DriftProfile, classify
 from proxy.core.images import COUNTED, UNMODELED, ImageModel
 from proxy.core.model import ServedModel, load_served_model, profile_of
@@ -178,6 +178,8 @@ class Analyzer:
             return {"bad_reason": "not_a_request", "detail": result.detail}
         if result.fallback_reason == SERVER_REFUSES:  # the server answers 400: nothing to compare
             return {"bad_reason": "server_refuses", "detail": result.detail}
+        if result.fallback_reason == HISTORY_ON_SERVER:  # the prompt is the server's: not drift, not counted
+            return {"bad_reason": HISTORY_ON_SERVER, "detail": result.detail}
         stage.name = "usage"
         usage = job.usage()
         server = job.server_count(usage)

@@ -33,6 +33,7 @@ BAD_REQUEST_REASONS = (
     "invalid_json",
     "not_a_request",
     "server_refuses",  # a request the server's own request path answers 400 (core.messages.ServerRefuses)
+    "history_on_server",  # its prompt is held by the server (`previous_response_id`): it cannot be counted
     "body_too_large",
     "non_utf8",
     "wrong_content_type",

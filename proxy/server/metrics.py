@@ -167,11 +167,10 @@ class Metrics:
             return None
         if o.bad_reason:
             self.bad_request(o.bad_reason)
-            what = (
-                "the server would refuse"
-                if o.bad_reason == "server_refuses"
-                else "not a request of its endpoint"
-            )
+            what = {
+                "server_refuses": "the server would refuse",
+                "history_on_server": "the conversation is held by the server",
+            }.get(o.bad_reason, "not a request of its endpoint")
             problems(o.bad_reason, "%s body: %s (%s)", endpoint, what, o.detail or "-")
             return None
         plan = self.plan(o)

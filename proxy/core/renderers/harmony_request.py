@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..messages import REFUSES, InvalidBody, ServerRefuses
+from ..messages import REFUSES, HistoryOnServer, InvalidBody, ServerRefuses
 
 FAILS = "vllm answers 500: "  # an exception vLLM's handlers do not map to 400 (AttributeError, HarmonyError)
 
@@ -413,6 +413,6 @@ def responses_request(body: Any) -> ResponsesRequest:
     if body.get("previous_response_id") is not None:
         # The conversation is in the server's response store, out of islwatch's sight: vLLM answers 404 unless
         # VLLM_ENABLE_RESPONSES_API_STORE is on and the response is stored (serving.py _create_responses).
-        raise InvalidBody("previous_response_id: the history is in the server's response store")
+        raise HistoryOnServer("previous_response_id: the history is in the server's response store")
     items: str | list[dict[str, Any]] = raw if isinstance(raw, str) else [response_item(i) for i in raw]
     return ResponsesRequest(instructions, items, tools, effort, previous)
