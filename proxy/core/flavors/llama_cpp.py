@@ -47,6 +47,7 @@ from ..messages import InvalidBody, ServerRefuses
 from ..renderers import JINJA
 from ..server_settings import DEFAULT_SETTINGS, ServerSettings
 from ..tokens import iterates_content_parts
+from . import llama_cpp_messages
 from .served import ServedTemplates
 
 REFUSES = "llama.cpp answers 400: "
@@ -449,7 +450,9 @@ class LlamaCppFlavor:
         return result if reported is None else replace(result, expected_server=reported)
 
     def messages_as_chat(self, body: Any, count_tokens: bool, served: ServedTemplates) -> dict[str, Any]:
-        raise InvalidBody("the Messages API is not modelled for this flavor yet")
+        """server-chat.cpp `server_chat_convert_anthropic_to_oai` (llama_cpp_messages.py); the chat body is
+        then prepared as any chat (`llama_cpp_chat_body`), as both Messages routes do."""
+        return llama_cpp_messages.messages_as_chat(body, count_tokens)
 
 
 LLAMA_CPP = LlamaCppFlavor()
