@@ -187,16 +187,17 @@ def parse(
     settings: ServerSettings = DEFAULT_SETTINGS,
 ) -> ChatInput | PromptInput:
     defaults, refusals = settings.default_chat_template_kwargs, settings.vllm_refusals
+    strip = settings.strip_billing_header
     if endpoint == Endpoint.CHAT:
-        return chat_input(body, parts_format, developer_role, defaults, refusals)
+        return chat_input(body, parts_format, developer_role, defaults, refusals, strip)
     if endpoint == Endpoint.RESPONSES:
-        return responses_input(body, parts_format, developer_role, defaults, refusals)
+        return responses_input(body, parts_format, developer_role, defaults, refusals, strip)
     if endpoint == Endpoint.COMPLETIONS:
         return prompt_input(body, "prompt")
     if endpoint == Endpoint.EMBEDDINGS:
         if isinstance(body, dict) and isinstance(body.get("messages"), list):
             # vLLM's chat-style embeddings (EmbeddingChatRequest) default add_generation_prompt to False.
-            chat = chat_input(body, parts_format, developer_role, defaults, refusals)
+            chat = chat_input(body, parts_format, developer_role, defaults, refusals, strip)
             return replace(chat, add_generation_prompt=bool(body.get("add_generation_prompt", False)))
         return prompt_input(body, "input")
     raise InvalidBody(f"unknown endpoint {endpoint!r}")

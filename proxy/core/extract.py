@@ -55,6 +55,7 @@ def chat_input(
     developer_role: bool = True,
     defaults: dict[str, Any] | None = None,
     refusals: bool = True,
+    strip_billing: bool = True,
 ) -> ChatInput:
     """`/v1/chat/completions` body -> what the chat template renders. `parts_format` and `developer_role`
     are facts of the template (core/tokens.py `parts_format`, `developer_role`); `defaults` the server's
@@ -62,11 +63,15 @@ def chat_input(
     if not isinstance(body, dict):
         raise InvalidBody("body is not a JSON object")
     messages = body.get("messages")
+    # An empty list is not counted on any flavor: llama-server renders one (tests/interop/
+    # test_llama_server_messages.py EMPTY_CONVERSATION), islwatch does not model how.
     if not isinstance(messages, list) or not messages:
         raise InvalidBody("messages is not a non-empty list")
     if refusals and any(name in body and body[name] is None for name in NOT_NULLABLE):
         raise ServerRefuses(REFUSES + "null for a field that takes none")
-    return _chat_from_messages(body, messages, parts_format, developer_role, defaults, refusals)
+    return _chat_from_messages(
+        body, messages, parts_format, developer_role, defaults, refusals, strip_billing
+    )
 
 
 # Keys the renderer passes by name: a `chat_template_kwargs` entry of the same name is merged, not repeated.
@@ -123,10 +128,14 @@ def _chat_from_messages(
     developer_role: bool,
     defaults: dict[str, Any] | None = None,
     refusals: bool = True,
+    strip_billing: bool = True,
 ) -> ChatInput:
     texts: list[str] = []
     media: dict[str, int] = {}
-    prepared = [prepare_message(m, parts_format, developer_role, texts, media, refusals) for m in messages]
+    prepared = [
+        prepare_message(m, parts_format, developer_role, texts, media, refusals, strip_billing)
+        for m in messages
+    ]
     if not developer_role and any(m["role"] == "developer" for m in prepared):
         prepared = developer_as_system(prepared)
     kwargs = _template_kwargs(body, defaults, refusals)
@@ -269,6 +278,7 @@ def responses_input(
     developer_role: bool = True,
     defaults: dict[str, Any] | None = None,
     refusals: bool = True,
+    strip_billing: bool = True,
 ) -> ChatInput:
     """`/v1/responses`, rendered as its chat request (`responses_as_chat`)."""
     chat = responses_as_chat(body)
@@ -276,7 +286,9 @@ def responses_input(
     # (vllm/renderers/params.py): the rendered prompt is encoded with special tokens, so a template that
     # writes BOS itself (Llama-3) gets a second one. Measured on vLLM 0.32: +1 token on every request.
     chat["add_special_tokens"] = True
-    return _chat_from_messages(chat, chat["messages"], parts_format, developer_role, defaults, refusals)
+    return _chat_from_messages(
+        chat, chat["messages"], parts_format, developer_role, defaults, refusals, strip_billing
+    )
 
 
 def _flat_tool_to_chat(tool: dict[str, Any]) -> dict[str, Any]:

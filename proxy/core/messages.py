@@ -154,9 +154,11 @@ def prepare_message(
     texts: list[str],
     media: dict[str, int],
     refusals: bool = True,
+    strip_billing: bool = True,
 ) -> dict[str, Any]:
     """One wire message as the template sees it; its texts (bare count) and media counts are collected.
-    `refusals`: refuse what vLLM's request model refuses (ServerRefuses)."""
+    `refusals`: refuse what vLLM's request model refuses (ServerRefuses); `strip_billing`: vLLM's billing
+    header rule."""
     if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
         raise InvalidBody("message without a string role")
     if refusals:
@@ -167,7 +169,7 @@ def prepare_message(
     parts = _content_parts(msg.get("content"))
     if role == "system":
         texts.extend(_part_text(p) for p in parts if _part_kind(p) == "text")  # the client sent them all
-        parts = _without_billing_header(parts)
+        parts = _without_billing_header(parts) if strip_billing else parts
     for part in parts:
         kind = _part_kind(part)
         if kind == "text":

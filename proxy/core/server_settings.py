@@ -24,6 +24,9 @@ class ServerSettings:
     # vLLM's request-model refusals (a null user content, tool-call arguments that are not a string, an
     # unknown reasoning_effort, a request chat template...): off for llama-server, which checks otherwise.
     vllm_refusals: bool = True
+    # vLLM's chat preparation drops the first line of a system text that starts with Claude Code's
+    # `x-anthropic-billing-header` (its value changes per request); llama-server keeps it (core/messages.py).
+    strip_billing_header: bool = True
 
 
 DEFAULT_SETTINGS = ServerSettings()

@@ -26,8 +26,9 @@ Messages conversion passes no `response_format` that test_llama_server_modern.py
 `message_start` with the usage is sent before the parse fails and the stream ends on an `error` event. Both
 are asserted: the 500 is that error, for a request islwatch counted, and its stream reports islwatch's count.
 
-ISLWATCH_GAPS: shapes where islwatch's shared chat path (not the Messages conversion) departs from
-llama-server's, xfail(strict) until fixed there.
+The shared chat path was fixed for two findings of this test: llama-server keeps a system text's
+`x-anthropic-billing-header` line (vLLM drops it: ServerSettings.strip_billing_header) and renders an empty
+message list (vLLM's request model is what refuses it).
 """
 
 from __future__ import annotations
@@ -66,26 +67,19 @@ GPT_OSS = "gpt-oss"
 SAMPLING = {"model": "tiny", "max_tokens": 1, "temperature": 0}
 PREDICTED = {400: {SERVER_REFUSES}, 500: {INVALID_BODY, TEMPLATE_ERROR}}
 UNPARSED = "The model produced output that does not match the expected"
+# Shapes whose conversion leaves no message. llama-server renders the template with an empty conversation (its
+# own Jinja engine gives undefined for `messages[0].role` where jinja2 raises; Llama 3's comes out one token
+# longer than jinja2's render). islwatch does not model that: it names the request `invalid_body` (counted in
+# islwatch_bad_requests_total, never drift) where the server answers. Asserted, so a change on either side shows.
+EMPTY_CONVERSATION = {"unknown_block_type", "messages_null"}
 
-_BILLING_GAP = (
-    "islwatch gap, shared chat path: core/messages.py prepare_message strips a system part's "
-    "x-anthropic-billing-header line (vLLM's _strip_claude_code_billing_header) for every flavor; "
-    "llama-server keeps it (server-chat.cpp only rewrites its cch= stamp)"
-)
-_EMPTY_GAP = (
-    "islwatch gap, shared chat path: an empty message list is invalid_body in core/extract.py; llama-server "
-    "renders it (the template's system default and generation prompt)"
-)
-ISLWATCH_GAPS = {
-    "system_billing_header": _BILLING_GAP,
-    "system_string_billing_header": _BILLING_GAP,
-    "agent_loop_20_no_thinking": _BILLING_GAP,
-    "cch_at_end": _BILLING_GAP,
-    "cch_without_semicolon": _BILLING_GAP,
-    "inline_system_billing_header": _BILLING_GAP,
-    "unknown_block_type": _EMPTY_GAP,  # its only message has no block llama-server converts: dropped
-    "messages_null": _EMPTY_GAP,
-}
+
+def empty_conversation(ours: CountResult, status: int) -> bool:
+    """True, after asserting the gap, for a shape of EMPTY_CONVERSATION."""
+    assert ours.fallback_reason == INVALID_BODY, ours.as_dict()
+    assert status in (200, 500), status  # 500: the tiny gpt-oss output's parse, after the prompt was counted
+    return True
+
 
 PNG = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_1PX}}
 EDGES: list[MessagesShape] = [
@@ -207,9 +201,7 @@ EDGES: list[MessagesShape] = [
 def params(shapes: list[MessagesShape]) -> list[Any]:
     out = []
     for shape in shapes:
-        gap = ISLWATCH_GAPS.get(shape.name)
-        marks = [pytest.mark.xfail(strict=True, raises=AssertionError, reason=gap)] if gap else []
-        out.append(pytest.param(shape, id=shape.name, marks=marks))
+        out.append(pytest.param(shape, id=shape.name))
     return out
 
 
@@ -327,6 +319,8 @@ def test_count_tokens(server: LlamaServer, served: ServedModel, shape: MessagesS
     body = request_body(shape)
     ours = served.count(Endpoint.COUNT_TOKENS, body)
     status, raw = post(server, "/v1/messages/count_tokens", body)
+    if shape.name in EMPTY_CONVERSATION and empty_conversation(ours, status):
+        return
     if status != 200:
         assert_refusal(ours, status, raw)
         return
@@ -346,6 +340,8 @@ def test_messages_json(
     body = request_body(shape)
     ours = served.count(Endpoint.MESSAGES, body)
     status, raw = post(server, "/v1/messages", body)
+    if shape.name in EMPTY_CONVERSATION and empty_conversation(ours, status):
+        return
     if status == 500 and any_family == GPT_OSS and UNPARSED.encode() in raw:
         # generated, then the output's parse failed (module docstring): the prompt was counted, and its
         # stream reports it before the same failure
@@ -372,6 +368,8 @@ def test_messages_streamed(
     body = request_body(shape)
     ours = served.count(Endpoint.MESSAGES, {**body, "stream": True}, streamed=True)
     status, raw, events = stream(server, body)
+    if shape.name in EMPTY_CONVERSATION and empty_conversation(ours, status):
+        return
     if status != 200:  # an error before the first token is answered as JSON (handle_completions_impl)
         assert_refusal(ours, status, raw)
         return

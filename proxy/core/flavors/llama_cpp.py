@@ -435,7 +435,8 @@ class LlamaCppFlavor:
         settings: ServerSettings = DEFAULT_SETTINGS,
         model_type: str | None = None,
     ) -> CountResult:
-        settings = replace(settings, vllm_refusals=False)  # llama-server checks a request its own way
+        # llama-server checks a request its own way, and keeps a billing-header line vLLM would drop
+        settings = replace(settings, vllm_refusals=False, strip_billing_header=False)
         enc = LlamaCppEncoder(enc)
         try:
             prepared = llama_cpp_chat_body(body, enc.template) if endpoint == Endpoint.CHAT else body
