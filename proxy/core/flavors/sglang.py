@@ -50,6 +50,13 @@ from ..renderers import JINJA
 from ..server_settings import DEFAULT_SETTINGS, ServerSettings
 from . import sglang_request as req
 from .served import ServedTemplates
+from .sglang_messages import (
+    PARSERS,
+    documented_parser,
+    messages_as_chat,
+    template_inline_system,
+    without_media,
+)
 
 # Arguments `_render_and_encode_chat_template` passes to `apply_chat_template` itself: the same key in
 # `chat_template_kwargs` is a "multiple values" TypeError (400), or a KeyError on the retry (500).
@@ -421,7 +428,15 @@ class SglangFlavor:
         return result
 
     def messages_as_chat(self, body: Any, count_tokens: bool, served: ServedTemplates) -> dict[str, Any]:
-        raise InvalidBody("the Messages API is not modelled for this flavor yet")
+        # Both answered once, from the template SGLang renders with (the processor's first: the one its
+        # TemplateManager sets on the tokenizer): AnthropicServing's `_merge_inline_system` at start-up, and
+        # the reasoning parser the server runs, taken to be the one SGLang's docs give for the model.
+        template = served.templates()[0]
+        merge = served.once("sglang.merge_inline_system", lambda: not template_inline_system(template))
+        parser = served.once("sglang.reasoning_parser", lambda: documented_parser(template))
+        chat = messages_as_chat(body, count_tokens, merge, PARSERS[parser])
+        text_only = content_format(template or "") == "string"  # the media rule of `_content`
+        return without_media(chat) if count_tokens and text_only else chat
 
 
 SGLANG = SglangFlavor()
