@@ -13,6 +13,7 @@ Where OpenAI-compatible servers put the prompt count:
   https://docs.anthropic.com/en/api/messages, vLLM's anthropic/serving.py `_build_anthropic_usage`), so the
   prompt is their sum. A stream carries it in `message_start` (`message.usage`), the output count in
   `message_delta` (vLLM repeats the input there). `count_tokens` answers `{"input_tokens": N}`: the prompt.
+  An input count of 0 is no count (a server that had no usage yet writes 0).
 
 `SSEUsageParser.feed(chunk)` accepts any chunking (it is tested one byte at a time), reads events with the
 one SSE reader (core/sse.py) and only parses the data of events that mention `"usage"`; only those events
@@ -70,6 +71,10 @@ def usage_of(obj: Any) -> Usage | None:
     if prompt is None and (prompt := _int(usage.get("input_tokens"))) is not None:
         # Anthropic's input_tokens leaves out the cached part of the prompt (module docstring): added back.
         prompt += (cache_read or 0) + (_int(usage.get("cache_creation_input_tokens")) or 0)
+        # No prompt has 0 tokens: a 0 is a count the server did not have. SGLang's message_start says 0 when
+        # no chunk with usage came before it (anthropic/serving.py `_anthropic_input_tokens` of a None usage),
+        # vLLM's `_build_anthropic_usage(None)` too. Not a count: a later event's, or no_server_count.
+        prompt = prompt or None
     if prompt is None:
         return None
     output = _int(usage.get("completion_tokens"))
