@@ -37,7 +37,9 @@ async def test_messages_are_exact_with_the_prefix_cache_on() -> None:
             async with client.messages.stream(**body) as stream:
                 final = await stream.get_final_message()
             assert final.usage.output_tokens == 3
-            counted = await client.messages.count_tokens(**{k: v for k, v in body.items() if k != "max_tokens"})
+            counted = await client.messages.count_tokens(
+                **{k: v for k, v in body.items() if k != "max_tokens"}
+            )
             # the prompt the server processed, whatever part of it came from the cache
             usage = message.usage
             assert usage.input_tokens + (usage.cache_read_input_tokens or 0) == counted.input_tokens
