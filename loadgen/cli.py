@@ -23,6 +23,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint.COMPLETIONS,
     Endpoint.EMBEDDINGS,
     Endpoint.RESPONSES,
+    Endpoint.MESSAGES,
 )
 ARRIVALS = ("poisson", "constant", "gamma")
 

@@ -20,7 +20,7 @@ class LoadgenConfig(BaseModel):
     url: str = Field(description="base URL of the server or islwatch proxy, e.g. http://127.0.0.1:9000")
     model: str = "default"
     tokenizer: str = DEFAULT_TOKENIZER
-    endpoint: Literal["chat", "completions", "embeddings", "responses"] = "chat"
+    endpoint: Literal["chat", "completions", "embeddings", "responses", "messages"] = "chat"
     isl: int = Field(default=0, ge=0)  # 0: not given (a dataset's own counts, a trace's input_length)
     isl_stddev: float = Field(default=0.0, ge=0)
     osl: int = Field(default=128, ge=1)
@@ -110,7 +110,7 @@ def contradictions(c: LoadgenConfig) -> list[str]:
     sourced = c.dataset is not None or c.trace is not None  # neither: one pass over the file
     if (c.request_count is None) == (c.duration is None) and not (sourced and c.request_count is None):
         out.append("give exactly one of --request-count or --duration")
-    if c.endpoint not in ("chat", "responses"):
+    if c.endpoint not in ("chat", "responses", "messages"):
         if c.cache_bust is not CacheBust.NONE:
             out.append(f"--cache-bust needs --endpoint chat (a {c.endpoint} prompt has no turns to mark)")
         if c.turns > 1:
@@ -121,8 +121,10 @@ def contradictions(c: LoadgenConfig) -> list[str]:
             )
     if c.images and (c.endpoint != "chat" or c.dataset is not None or c.trace is not None):
         out.append("--images needs --endpoint chat and generated requests (no --dataset or --trace)")
-    if c.content_parts and c.endpoint != "chat":
-        out.append("--content-parts needs --endpoint chat")
+    if c.content_parts and c.endpoint not in ("chat", "messages"):
+        out.append("--content-parts needs --endpoint chat or messages")
+    if c.endpoint == "messages" and c.ignore_eos:
+        out.append("--ignore-eos does not apply to --endpoint messages (the Messages API has no ignore_eos)")
     if c.endpoint == "embeddings" and c.streaming:
         out.append("--streaming does not apply to embeddings")
     if c.isl and c.shared_system_prompt_length and c.shared_system_prompt_length >= c.isl:

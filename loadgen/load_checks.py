@@ -119,8 +119,8 @@ def agent_contradictions(c: LoadgenConfig) -> list[str]:
         given = [flag for name, flag in AGENT_FLAGS.items() if getattr(c, name) != fields[name].default]
         return [f"{', '.join(given)} need(s) --workload agent"] if given else []
     out = []
-    if c.endpoint != "chat":
-        out.append("--workload agent needs --endpoint chat (tool calls and results are chat messages)")
+    if c.endpoint not in ("chat", "messages"):
+        out.append("--workload agent needs --endpoint chat or messages (tool calls and results are messages)")
     if not c.round_isl:
         out.append("--workload agent needs --round-isl (the templated tokens each round adds)")
     if c.parallel_calls > c.tools:

@@ -1,8 +1,9 @@
 """What one request came to: the server's answer read into reply text, timings and usage, and its record.
 
 Pure (no aiohttp, no I/O). Token counts are read by proxy.core.usage, the parser the proxy itself uses, so
-the loadgen and the proxy accept the same numbers: a boolean or a negative count is no count, and the
-responses API's `input_tokens` is understood. The reply text and the content-chunk times are the loadgen's
+the loadgen and the proxy accept the same numbers: a boolean or a negative count is no count, the
+responses API's `input_tokens` is understood, and so is the Messages API's (its cache reads added back: the
+prompt the server processed). The reply text and the content-chunk times are the loadgen's
 own: the text is the next turn's history, the times are TTFT and inter-token latency.
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from loadgen.workload.anthropic import reply_text, text_delta
 from proxy.core.usage import SSEUsageParser, Usage, usage_of
 
 
@@ -101,6 +103,10 @@ class StreamTimer:
                 self.parts.append(delta)
                 self.times.append(now)
             return
+        if delta := text_delta(obj):  # a /v1/messages stream's text
+            self.parts.append(delta)
+            self.times.append(now)
+            return
         for choice in obj.get("choices") or []:
             text = _text_of(choice, True) if isinstance(choice, dict) else ""
             if text:
@@ -153,7 +159,12 @@ def json_outcome(status: int, raw: bytes, latency_ms: float) -> Outcome:
         return failed(f"HTTP {status}", status, latency_ms)
     usage = usage_of(obj)
     choices = obj.get("choices") or []
-    reply = _text_of(choices[0], False) if choices and isinstance(choices[0], dict) else _output_text(obj)
+    if choices and isinstance(choices[0], dict):
+        reply = _text_of(choices[0], False)
+    elif obj.get("type") == "message":  # a /v1/messages answer
+        reply = reply_text(obj)
+    else:
+        reply = _output_text(obj)
     return Outcome(
         200,
         None,

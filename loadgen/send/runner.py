@@ -26,6 +26,18 @@ from proxy.runtime.heap import few_collections
 from proxy.runtime.pooled import PoolMarkingConnector, forget_pooled, pooled, retryable
 
 JSON_HEADERS = {"Content-Type": "application/json"}
+ANTHROPIC_VERSION = "2023-06-01"  # the Messages API version header every Anthropic client sends
+
+
+def session_headers(cfg: LoadgenConfig) -> dict[str, str] | None:
+    """The headers of every request: the bearer token; on the Messages API also Anthropic's `x-api-key` and
+    `anthropic-version` (vLLM reads the bearer token, Anthropic-style gateways the other two)."""
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    if cfg.endpoint == "messages":
+        headers["anthropic-version"] = ANTHROPIC_VERSION
+        if cfg.api_key:
+            headers["x-api-key"] = cfg.api_key
+    return headers or None
 
 
 async def send(session: aiohttp.ClientSession, url: URL, req: Request, cfg: LoadgenConfig) -> Outcome:
@@ -98,7 +110,7 @@ class Engine:
         c = self.cfg
         connector = PoolMarkingConnector(limit=0, ttl_dns_cache=300)
         timeout = aiohttp.ClientTimeout(total=c.timeout_seconds)
-        headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else None
+        headers = session_headers(c)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
             self._session = session
             if c.warmup:

@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 
 from loadgen.config import LoadgenConfig
+from loadgen.workload.anthropic import anthropic_tools
 from loadgen.workload.conversations import SLACK_WORDS, Conversation, Request, Workload
 from loadgen.workload.corpus import Corpus
 
@@ -40,6 +41,7 @@ from loadgen.workload.corpus import Corpus
 REASONING_SHARE = 0.2
 EARLY_RESULTS_SHARE = 0.4
 SCALES = (1.0, 0.5, 0.25, 0.0)
+SLOT_ROOM = 4  # tokens a round leaves its fitted last result, when a smaller round can
 ID_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789"
 
 
@@ -184,12 +186,16 @@ class AgentWorkload(Workload):
         self, tok: Any, cfg: LoadgenConfig, served: Any = None, corpus: Corpus | None = None
     ) -> None:
         self.tools = tool_schemas(cfg.tools)
+        # On --endpoint messages the tools go as Anthropic tools and each round's calls and results as
+        # tool_use and tool_result blocks (loadgen/workload/anthropic.py); the shape is probed through the
+        # server's conversion of them, so the per-round targets hold on the chat it renders.
+        self.wire_tools = anthropic_tools(self.tools) if cfg.endpoint == "messages" else self.tools
         super().__init__(tok, cfg, corpus, served=served)
         self.shape, self.max_calls = self._probe_shape()
 
     def _body(self, messages_or_text: Any, osl: int | None = None) -> dict[str, Any]:
         body = super()._body(messages_or_text, osl)
-        body["tools"] = self.tools
+        body["tools"] = self.wire_tools
         return body
 
     # --- the round ----------------------------------------------------------------------------------------
@@ -239,9 +245,11 @@ class AgentWorkload(Workload):
         target = c.isl + conv.turn * c.round_isl
         calls = conv.rng.randint(1, self.max_calls)
         rnd_seed = conv.rng.random()
-        body_for = None
+        body_for = fits = None
         # Smaller rounds until one fits: less reasoning and fewer early results, then one call (a call costs
-        # ~40 tokens in mistral-common's formats, which carry its id and arguments in the history).
+        # ~40 tokens in mistral-common's formats, which carry its id and arguments in the history). A round
+        # that leaves its last result fewer than SLOT_ROOM tokens is kept only when no smaller one leaves more:
+        # the result's first word may cost two (Gemma 3's round as text: 1 short of the target, every word +2).
         for n, scale in [(calls, s) for s in SCALES] + [(1, s) for s in SCALES if calls > 1]:
             rnd = self._round(random.Random(rnd_seed), scale, n)
             candidate = self._round_body(history, rnd)
@@ -250,7 +258,11 @@ class AgentWorkload(Workload):
                 return self._failed(conv, c.round_isl, target, f"uncountable round: {err}")
             body_for = candidate
             if floor <= target:
+                fits = fits or candidate
+            if floor + SLOT_ROOM <= target:
                 break
+        else:
+            body_for = fits or body_for
         words = self.corpus.sample(conv.rng, c.round_isl + SLACK_WORDS)
         return self._finish(conv, c.round_isl, target, 0, body_for, None, words=words)
 

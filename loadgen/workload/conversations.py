@@ -16,15 +16,18 @@ from typing import Any
 import orjson
 
 from loadgen.config import LoadgenConfig
+from loadgen.workload.anthropic import as_messages, history_of
 from loadgen.workload.budget import Fit, Overhead, fit_text, solve_overhead
 from loadgen.workload.corpus import Corpus, build_corpus, text_corpus
 from loadgen.workload.images import image_model, image_parts, parse_size, with_images
 from loadgen.workload.markers import CacheBust, Landing, apply_marker, landing, marker_for
 from proxy.core.count import count_request
+from proxy.core.messages import InvalidBody
 from proxy.core.tokens import encode_len
 
 log = logging.getLogger("islwatch.loadgen")
 SLACK_WORDS = 64
+CONVERSATIONAL = ("chat", "responses", "messages")  # the endpoints with roles, turns and a system prompt
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,9 @@ class Workload:
         # A ServedModel (core/model.py): counts through the server flavor's path (Harmony, mistral-common,
         # the processor's template); None: the reference path on `tok` (the Jinja template vLLM renders).
         self.served = served
+        if cfg.endpoint == "messages" and served is None:
+            # Only a served model knows how the server converts a Messages request (core/flavors/*_messages.py).
+            raise ValueError("--endpoint messages counts through the served model (load_served_model)")
         self.corpus = corpus or (text_corpus(tok, cfg.corpus) if cfg.corpus else build_corpus(tok))
         self.landing = landing(cfg.cache_bust, cfg.shared_system_prompt_length > 0)
         self._warned_shape = False
@@ -81,16 +87,19 @@ class Workload:
                 raise ValueError(f"shared system prompt: {fit.error}")
 
     # --- counting -------------------------------------------------------------------------------------
-    def count(self, body: dict[str, Any]) -> tuple[int | None, str | None]:
-        """The ISL of a body as the proxy counts it: templated for chat, plain encode otherwise."""
+    def count(self, body: dict[str, Any], endpoint: str | None = None) -> tuple[int | None, str | None]:
+        """The ISL of a body as the proxy counts it: templated for chat, plain encode otherwise. `endpoint`:
+        another endpoint's body than the run's (a Messages history as the chat its server converts it into)."""
+        endpoint = endpoint or self.cfg.endpoint
         if self.served is not None and self.images is None:
-            r = self.served.count(self.cfg.endpoint, body)
+            r = self.served.count(endpoint, body)
         else:
-            r = count_request(self.tok, self.cfg.endpoint, body, self.images)
+            r = count_request(self.tok, endpoint, body, self.images)
         # Responses: expected_server, as vLLM encodes that prompt with special tokens (core/extract.py); when
-        # the template fails it is only the bare fallback, which the server would not count.
-        value = r.templated if self.cfg.endpoint == "chat" else r.expected_server
-        if self.cfg.endpoint == "responses" and r.templated is None:
+        # the template fails it is only the bare fallback, which the server would not count. Messages: the
+        # count of the chat request the server converts it into, as the server reports it.
+        value = r.templated if endpoint == "chat" else r.expected_server
+        if endpoint in ("responses", "messages") and r.templated is None:
             value = None
         if value is None:
             return None, f"{r.fallback_reason}{f' ({r.detail})' if r.detail else ''}"
@@ -120,6 +129,17 @@ class Workload:
             if c.streaming:
                 body["stream"] = True
             return body
+        elif c.endpoint == "messages":
+            # Anthropic's Messages API: the system prompt as the top-level `system`, tool calls and results as
+            # blocks (loadgen/workload/anthropic.py), `max_tokens` required; usage rides on message_start.
+            system, messages = as_messages(messages_or_text)
+            if system is not None:
+                body["system"] = system
+            body["messages"] = messages
+            body["max_tokens"] = osl or c.osl
+            if c.streaming:
+                body["stream"] = True
+            return body
         else:
             return {"model": c.model, "input": messages_or_text}
         body["max_tokens"] = osl or c.osl
@@ -131,7 +151,10 @@ class Workload:
         return body
 
     def chat(self, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        """A body holding only `messages` (for counting), in this endpoint's field."""
+        """A body holding only `messages` (for counting), in this endpoint's field; a Messages body whole (its
+        request model needs `model` and `max_tokens`)."""
+        if self.cfg.endpoint == "messages":
+            return {**self._body(messages), **extra}
         return {("input" if self.cfg.endpoint == "responses" else "messages"): messages, **extra}
 
     def _assistant(self, conv: Conversation, reply: str) -> dict[str, Any]:
@@ -192,7 +215,7 @@ class Workload:
         marker = marker_for(c.run_id, conversation_id) if c.cache_bust is not CacheBust.NONE else None
         conv = Conversation(conversation_id, marker, rng=random.Random(f"{c.seed}/{conversation_id}"))
         isl = self._turn_isl(conv)
-        if c.endpoint not in ("chat", "responses"):
+        if c.endpoint not in CONVERSATIONAL:
             return conv, self._finish(conv, isl, isl, 0, self._body, None)
         system, sys_err = self._system_message(marker if self.landing is Landing.SYSTEM else None)
         head = [system] if system else []
@@ -220,13 +243,22 @@ class Workload:
 
     def _history_count(self, history: list[dict[str, Any]]) -> tuple[int | None, str | None]:
         """The templated count of a history ending with the reply, as the next request renders it."""
-        value, err = self.count(self.chat(history, add_generation_prompt=False))
+        endpoint: str | None = None  # the run's
+        if self.cfg.endpoint == "messages":
+            # A Messages request has no add_generation_prompt (a final assistant turn is a prefill): the history
+            # is the chat request the server converts it into, counted as a chat without the generation prompt.
+            try:
+                chat = self.served.flavor.messages_as_chat(self._body(history), False, self.served)
+            except InvalidBody as exc:
+                return None, str(exc)
+            body, endpoint = {**chat, "add_generation_prompt": False}, "chat"
+        else:
+            body = self.chat(history, add_generation_prompt=False)
+        value, err = self.count(body, endpoint)
         if value is None and self.served is not None and self.served.mistral is not None:
             # mistral-common takes a final assistant message only as a prefix to continue; in a history the
             # reply is that prefix closed by its EOS (one token).
-            prefix, _ = self.count(
-                self.chat(history, add_generation_prompt=False, continue_final_message=True)
-            )
+            prefix, _ = self.count({**body, "continue_final_message": True}, endpoint)
             if prefix is not None:
                 return prefix + 1, None
         return value, err
@@ -249,7 +281,9 @@ class Workload:
         error = prior or fit.error or err
         if error is None and client != target:
             error = f"measured {client} on the wire, budgeted {target}"
-        if self.cfg.endpoint in ("chat", "responses"):
+        if self.cfg.endpoint == "messages":
+            conv.messages = history_of(body)  # the chat form's leading system message, then the body's
+        elif self.cfg.endpoint in CONVERSATIONAL:
             conv.messages = body["messages" if self.cfg.endpoint == "chat" else "input"]
         conv.last_count = client or target
         return Request(conv.id, conv.turn, body, wire, isl, target, client, reply_tokens, error, conv.marker)
@@ -265,7 +299,7 @@ class Workload:
         rng = random.Random(f"{self.cfg.seed}/overhead")
         samples = [" ".join(self.corpus.sample(rng, n)) for n in (16, 32, 48)]
         bare = [encode_len(self.tok, s, add_special_tokens=False) for s in samples]
-        if self.cfg.endpoint not in ("chat", "responses"):
+        if self.cfg.endpoint not in CONVERSATIONAL:
             fixed = sum(encode_len(self.tok, s, True) - b for s, b in zip(samples, bare, strict=True)) / 3
             return Overhead(fixed=fixed, wrap=0.0, marker=0.0)
         one, three = [], []

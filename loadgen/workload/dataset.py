@@ -1,9 +1,10 @@
 """`--dataset FILE`: a JSONL file of requests, each sent at an exact count when it asks for one. No I/O but
 reading the file.
 
-A line is `{"messages": [...]}` (chat, responses) or `{"prompt": "..."}` (completions; on chat or responses
-it becomes one user message), with optional `isl` (the whole request's count as the server counts it,
-template included), `osl` (max_tokens) and `tools` (function schemas, sent as the request's `tools`).
+A line is `{"messages": [...]}` (chat, responses, messages: there rewritten into Anthropic's form,
+loadgen/workload/anthropic.py) or `{"prompt": "..."}` (completions; on the others it becomes one user
+message), with optional `isl` (the whole request's count as the server counts it, template included), `osl`
+(max_tokens) and `tools` (function schemas, sent as the request's `tools`).
 `--isl` is the ISL of records without one; with neither, the record goes out as written and its own count is
 its target. Other keys are ignored (not sent). Agent conversations come in OpenAI's format: assistant
 messages with `tool_calls` and `reasoning_content` (or `reasoning`), `tool` messages with the results; they
@@ -29,6 +30,7 @@ from typing import Any, TypeVar
 import orjson
 
 from loadgen.config import LoadgenConfig
+from loadgen.workload.anthropic import anthropic_tools
 from loadgen.workload.conversations import SLACK_WORDS, Conversation, Request, Workload
 from loadgen.workload.corpus import Corpus
 
@@ -174,7 +176,7 @@ class DatasetWorkload(Workload):
                 msgs[i]["content"][j]["text"] = new_text
             body = self._body(msgs, osl)
             if tools is not None:
-                body["tools"] = tools
+                body["tools"] = anthropic_tools(tools) if self.cfg.endpoint == "messages" else tools
             return body
 
         return body_for, text

@@ -27,6 +27,7 @@ def build_workload(
     `loaded`: the load `tok` came from, reused where the workload counts through the served model."""
     if loaded is not None and loaded.tokenizer is not tok:  # a MistralText is no transformers load
         loaded = None
+    messages = cfg.endpoint == "messages"  # counted as the server converts it: through the served model
     if cfg.dataset is not None:
         records = load_dataset(cfg.dataset)
         if cfg.endpoint == "completions" and any(r.prompt is None for r in records):
@@ -44,7 +45,7 @@ def build_workload(
         if n < cfg.senders:
             raise ValueError(f"--trace sends {n} request(s) here, fewer than its {cfg.senders} sender(s)")
         cfg = cfg.model_copy(update={"request_count": n, "duration": None})
-        return cfg, TraceWorkload(tok, cfg, trace)
+        return cfg, TraceWorkload(tok, cfg, trace, served=served_model(cfg, loaded) if messages else None)
     if cfg.workload == "agent":
         # Always the served model: its fast encoder counts a long conversation from cached renders (qwen3,
         # 4,400 tokens: 3.5 ms a count against 57 ms on the reference path), and a round takes ~5 counts.
@@ -52,14 +53,16 @@ def build_workload(
         cfg = cfg.model_copy(update={"turns": cfg.agent_rounds + 1})  # the first request, then each round
         return cfg, AgentWorkload(tok, cfg, served=served)
     # Chat turns count through the Jinja template on `tok`, unless mistral-common renders them (`tok` is
-    # then only its text encoder, loadgen/workload/mistral_text.py).
-    return cfg, Workload(tok, cfg, served=served_model(cfg, loaded) if isinstance(tok, MistralText) else None)
+    # then only its text encoder, loadgen/workload/mistral_text.py) or they go as Messages requests.
+    served = served_model(cfg, loaded) if isinstance(tok, MistralText) or messages else None
+    return cfg, Workload(tok, cfg, served=served)
 
 
 def served_model(cfg: LoadgenConfig, loaded: LoadedTokenizer | None = None) -> Any:
     """The tokenizer as `--server-flavor`'s server serves it (core/model.py), where that differs from the
     Jinja template on `tok` that the workloads count with by default (vLLM's own path for a plain tokenizer
-    folder): Harmony (gpt-oss), mistral-common, a processor's template, another flavor. None: `tok` counts."""
+    folder): Harmony (gpt-oss), mistral-common, a processor's template, another flavor, and always for
+    `--endpoint messages` (the server's conversion of a Messages request). None: `tok` counts."""
     folder = Path(cfg.tokenizer)
     flavor = flavor_named(cfg.server_flavor)
     if folder.is_dir():
@@ -68,6 +71,6 @@ def served_model(cfg: LoadgenConfig, loaded: LoadedTokenizer | None = None) -> A
         )
     else:
         plain = True  # a hub id or builtin: no model folder to read a renderer from
-    if plain and cfg.server_flavor == "vllm":
+    if plain and cfg.server_flavor == "vllm" and cfg.endpoint != "messages":
         return None
     return load_served_model(cfg.tokenizer, cfg.server_flavor, loaded=loaded)

@@ -77,9 +77,15 @@ def records_within(records: list[TraceRecord], speedup: float, duration: float |
 
 class TraceWorkload(Workload):
     def __init__(
-        self, tok: Any, cfg: LoadgenConfig, records: list[TraceRecord], corpus: Corpus | None = None
+        self,
+        tok: Any,
+        cfg: LoadgenConfig,
+        records: list[TraceRecord],
+        corpus: Corpus | None = None,
+        *,
+        served: Any = None,
     ) -> None:
-        super().__init__(tok, cfg, corpus)
+        super().__init__(tok, cfg, corpus, served=served)
         self.records = records
         self._blocks: dict[int, list[str]] = {}
 
