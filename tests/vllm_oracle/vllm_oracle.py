@@ -10,8 +10,9 @@ which builds the renderer (`renderer_from_config`: hf, mistral or the Harmony pa
 `OnlineRenderer` exactly as the API server's `init_app_state` does (launchers/api_server/app_state.py), and
 `ServingRender`. No weights are read. Several folders share one process (and vLLM's imports).
 
-Each stdin line is {"endpoint": "chat" | "responses" | "completions", "body": {...}}, for the server whose
-model name (its folder, as `vllm serve` names it) is the body's "model" (else the first folder's). Each
+Each stdin line is {"endpoint": "chat" | "responses" | "completions" | "messages" | "count_tokens", "body":
+{...}}, for the server whose model name (its folder, as `vllm serve` names it) is the body's "model" (else
+the first folder's). Each
 stdout line answers it as that server's request path does: pydantic validation of the request model
 (FastAPI's RequestValidationError: 400); for chat, the request's parser built before rendering, as
 OpenAIServingChat._create_chat_completion does; then ServingRender's render_*_request (the OnlineRenderer's
@@ -19,7 +20,18 @@ render_chat / render_responses / render_completion, the empty-prompt and max-tok
 parameters). An ErrorResponse answers with its code, an exception with the code vLLM's exception handlers
 give it (`create_error_response`: ValueError, TypeError, VLLMValidationError, jinja's TemplateError -> 400,
 NotImplementedError -> 501, anything else 500). Answers: {"status": 200, "input_ids": [...], "prompts":
-[[...], ...]} (one list per prompt; completions may have several) or {"status": N, "error": "..."}.
+[[...], ...]} (one list per prompt; completions may have several) or {"status": N, "error": "..."}; a
+Messages request's answer also carries "anthropic": {"merge_inline_system": bool, "disabled_thinking_effort":
+str} (what the server's probes answered for it; absent when the body failed validation).
+Anthropic Messages (`messages`: /v1/messages, `count_tokens`: /v1/messages/count_tokens) go the API server's
+way (vllm/entrypoints/anthropic: api_router.py, serving.py): the body validated by AnthropicMessagesRequest /
+AnthropicCountTokensRequest (400), converted by `AnthropicServingMessages.to_chat_completion_request` with
+the two answers the server computes from its renderer (`_should_merge_inline_system(online_renderer)` at
+start-up; the effort `thinking: disabled` becomes, probed on first use: 0.32's
+`AnthropicServingMessages._probe_disabled_thinking_effort`, 0.33's `DisabledThinkingEffortResolver`), an
+exception in the conversion answered as the router answers it (`create_error_response`), then rendered as a
+chat: the parser built first for `messages` (create_messages goes through `create_chat_completion`), not
+for `count_tokens` (it calls `render_chat_request` alone), then ServingRender.render_chat_request.
 The first stdout line is {"ready": true, "version": vllm.__version__, "seconds": {"imports": s, MODEL_DIR: s,
 ...}} (how long the imports and each folder's build took). Log output goes to stderr.
 
@@ -77,17 +89,84 @@ def _request_model(endpoint: str) -> Any:
     ]
 
 
-async def _render(state: Any, endpoint: str, request: Any) -> Any:
-    render = state.serving_render
-    if endpoint == "chat":
+ANTHROPIC = ("messages", "count_tokens")
+
+
+def _anthropic_request_model(endpoint: str) -> Any:
+    from vllm.entrypoints.anthropic.protocol import AnthropicCountTokensRequest, AnthropicMessagesRequest
+
+    return {"messages": AnthropicMessagesRequest, "count_tokens": AnthropicCountTokensRequest}[endpoint]
+
+
+class _ProbingMessages:
+    """0.32's probe of the effort `thinking: disabled` becomes is three methods of AnthropicServingMessages
+    (`_get_disabled_thinking_effort`, `_probe_disabled_thinking_effort`, `_render_probe_prompt`) that read
+    only `online_renderer`, `_disabled_thinking_effort` and `_extract_prompt_components`: vLLM's own methods,
+    on an object that has just those (the handler itself needs an engine client)."""
+
+    def __init__(self, online_renderer: Any) -> None:
+        from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
+        from vllm.entrypoints.serve.engine.serving import BaseServing
+
+        self.online_renderer = online_renderer
+        self.model_config = online_renderer.model_config
+        self._disabled_thinking_effort = None  # the server's default, "auto": probed on first use
+        cls = AnthropicServingMessages
+        self._get = cls._get_disabled_thinking_effort.__get__(self)
+        self._probe_disabled_thinking_effort = cls._probe_disabled_thinking_effort.__get__(self)
+        self._render_probe_prompt = cls._render_probe_prompt.__get__(self)
+        self._extract_prompt_components = BaseServing._extract_prompt_components.__get__(self)
+
+    async def resolve_for(self, request: Any) -> str:
+        """0.32's create_messages / count_tokens: the probe only for a request whose thinking is disabled."""
+        if request.thinking is not None and request.thinking.type == "disabled":
+            return str(await self._get())
+        return "none"
+
+
+def _anthropic_server(state: Any) -> tuple[bool, Any]:
+    """What AnthropicServingMessages.__init__ computes for the served model, once per folder (as the server
+    does at start-up): whether inline system messages are merged, and its disabled-thinking resolver."""
+    if not hasattr(state, "islwatch_anthropic"):
+        from vllm.entrypoints.anthropic import serving
+
         online = state.online_renderer
-        if online.parser is not None:  # OpenAIServingChat._create_chat_completion: _make_parser first
-            online.parser(
-                online.renderer.tokenizer,
-                request.tools,
-                chat_template_kwargs=online.effective_chat_template_kwargs(request),
-                model_config=online.model_config,
-            )
+        merge = serving.AnthropicServingMessages._should_merge_inline_system(online)
+        resolver_cls = getattr(serving, "DisabledThinkingEffortResolver", None)  # 0.33; 0.32: the methods
+        resolver = resolver_cls(online) if resolver_cls is not None else _ProbingMessages(online)
+        state.islwatch_anthropic = (merge, resolver)
+    anthropic: tuple[bool, Any] = state.islwatch_anthropic
+    return anthropic
+
+
+def _make_parser(state: Any, request: Any) -> None:
+    """OpenAIServingChat._create_chat_completion: the request's parser is built before rendering."""
+    online = state.online_renderer
+    if online.parser is not None:
+        online.parser(
+            online.renderer.tokenizer,
+            request.tools,
+            chat_template_kwargs=online.effective_chat_template_kwargs(request),
+            model_config=online.model_config,
+        )
+
+
+async def _render(state: Any, endpoint: str, request: Any, probed: dict[str, Any]) -> Any:
+    render = state.serving_render
+    if endpoint in ANTHROPIC:
+        from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
+
+        merge, resolver = _anthropic_server(state)
+        effort = await resolver.resolve_for(request)
+        probed.update(merge_inline_system=merge, disabled_thinking_effort=effort)
+        chat = AnthropicServingMessages.to_chat_completion_request(
+            request, merge_inline_system=merge, disabled_thinking_effort=effort
+        )
+        if endpoint == "messages":
+            _make_parser(state, chat)
+        return await render.render_chat_request(chat)
+    if endpoint == "chat":
+        _make_parser(state, request)
         return await render.render_chat_request(request)
     if endpoint == "responses":
         return await render.render_responses_request(request)
@@ -100,21 +179,24 @@ def answer(state: Any, loop: asyncio.AbstractEventLoop, endpoint: str, body: Any
     from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
     try:
-        request = _request_model(endpoint).model_validate(body)
+        model = _anthropic_request_model(endpoint) if endpoint in ANTHROPIC else _request_model(endpoint)
+        request = model.model_validate(body)
     except ValidationError as exc:  # FastAPI's RequestValidationError handler: 400
         return {"status": 400, "error": f"validation: {exc.errors()[0].get('msg')}"}
+    probed: dict[str, Any] = {}  # a Messages request: what the server's probes answered for it
+    extra = {"anthropic": probed} if endpoint in ANTHROPIC else {}
     try:
-        result = loop.run_until_complete(_render(state, endpoint, request))
+        result = loop.run_until_complete(_render(state, endpoint, request, probed))
     except Exception as exc:  # the app's exception handlers (serve/exception_handling): its status
         err = create_error_response(exc)
         if err.error.code >= 500:
             traceback.print_exc()
-        return {"status": err.error.code, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        return {"status": err.error.code, "error": f"{type(exc).__name__}: {str(exc)[:300]}", **extra}
     if isinstance(result, ErrorResponse):
-        return {"status": result.error.code, "error": result.error.message[:300]}
+        return {"status": result.error.code, "error": result.error.message[:300], **extra}
     generated = result if isinstance(result, list) else [result]
     prompts = [list(g.token_ids) for g in generated]
-    return {"status": 200, "input_ids": prompts[0], "prompts": prompts}
+    return {"status": 200, "input_ids": prompts[0], "prompts": prompts, **extra}
 
 
 def groups(argv: list[str]) -> list[list[str]]:
