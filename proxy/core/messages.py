@@ -81,6 +81,8 @@ def _part_kind(part: Any) -> str:
     kind = part.get("type")
     if kind in TEXT_KINDS:
         return "text"
+    if kind == TOOL_REFERENCE:
+        return TOOL_REFERENCE
     if kind in MEDIA_KINDS:
         return MEDIA_KINDS[kind]
     raise InvalidBody("unknown content part type")  # never the type itself: the reason is logged
@@ -105,6 +107,10 @@ def _content_parts(content: Any) -> list[Any]:
     raise InvalidBody("content is neither a string, a list of parts nor null")
 
 
+# A deferred tool named in a tool result (Claude Code's tool search, vLLM's Anthropic conversion): vLLM's chat
+# parser passes it through for the template (renderers/chat_utils.py `_parse_chat_message_content_part`): the
+# name as a text line in the string content format, `{"type": "tool_reference", "name"}` in the openai one.
+TOOL_REFERENCE = "tool_reference"
 BILLING_HEADER = "x-anthropic-billing-header"
 
 
@@ -170,17 +176,25 @@ def prepare_message(
     if role == "system":
         texts.extend(_part_text(p) for p in parts if _part_kind(p) == "text")  # the client sent them all
         parts = _without_billing_header(parts) if strip_billing else parts
+    references = 0
     for part in parts:
         kind = _part_kind(part)
         if kind == "text":
             part_texts.append(_part_text(part))
             out_parts.append({"type": "text", "text": part_texts[-1]})
+        elif kind == TOOL_REFERENCE:
+            name = part.get("name")
+            if not isinstance(name, str):
+                raise InvalidBody("tool_reference without a string name")
+            references += 1
+            part_texts.append(name)
+            out_parts.append({"type": TOOL_REFERENCE, "name": name})
         else:
             media[kind] = media.get(kind, 0) + 1
             out_parts.append({"type": kind})
     if role != "system":
         texts.extend(part_texts)
-    all_text = len(out_parts) == len(part_texts)
+    all_text = len(out_parts) == len(part_texts) - references  # a tool reference keeps a tool result a list
     as_parts = parts_format and not (role == "tool" and all_text)  # text-only tool results: always joined
     out: dict[str, Any] = {"role": role, "content": out_parts if as_parts else "\n".join(part_texts)}
     if role == "assistant" and msg.get("tool_calls") is not None:

@@ -14,12 +14,6 @@ through: pydantic's lax coercions), put to one family, since no template is reac
 Where islwatch does not count as vLLM does for a reason outside the conversion's port, the difference is
 asserted as it is (DIVERGENCES), never skipped: a fix on either side fails the test and moves the shape back
 to the plain check. They are the same on both releases:
-- a tool_result holding a `tool_reference` item: vLLM's conversion turns it into a second tool message whose
-  content is a `tool_reference` part, which vLLM's chat parser takes (`renderers/chat_utils.py`: the tool's
-  name as a text line in the string content format, `{"type": "tool_reference", "name": ...}` kept as a
-  structured item in the openai one, a tool message with such an item not joined into a string), and
-  mistral-common refuses (`'tool_reference' is not a valid ChunkTypes`). islwatch's chat core knows no such
-  part (core/messages.py `_part_kind`: invalid_body, on every family);
 - tools that resolve to an empty list (`tools: []`, or a tool_removal of every tool): vLLM sets `tools=[]`
   on the chat request after its model checked it, and Llama 3.1's template, which tests `tools is not none`,
   writes its tool preamble (56 tokens); islwatch's chat core renders [] as no tools (core/extract.py
@@ -60,7 +54,7 @@ from tests.anthropic_shapes import (
     tool_result,
     user,
 )
-from tests.vllm_oracle.oracle_proc import FAMILIES, Oracle
+from tests.vllm_oracle.oracle_proc import Oracle
 from tests.vllm_oracle.test_vllm_oracle import START_DATE
 
 pytestmark = pytest.mark.vllm
@@ -403,21 +397,7 @@ class Divergence:
     short_by: int = 0  # where both count: vLLM's count minus islwatch's
 
 
-# Families whose template or renderer refuses the tool message a tool_reference item becomes.
-TOOL_REFERENCE_REFUSED = {
-    "mistral-7b-instruct-v0.1",  # its template: roles must alternate (a second tool message)
-    "gemma-3",  # the same
-    "deepseek-r1",  # its template concatenates the content as a string
-    "mistral-nemo",  # mistral-common: not a chunk type
-    "mistral-large-2411",
-}
 DIVERGENCES: dict[tuple[str, str], Divergence] = {
-    **{
-        ("tool_result_with_tool_reference", f): Divergence(
-            INVALID_BODY, 400 if f in TOOL_REFERENCE_REFUSED else 200
-        )
-        for f in FAMILIES
-    },
     ("tools_empty", "llama-3.1"): Divergence(None, short_by=56),
     ("tool_removal_of_every_tool", "llama-3.1"): Divergence(None, short_by=56),
     ("tool_choice_named_undeclared", "mistral-nemo"): Divergence(SERVER_REFUSES),
