@@ -73,6 +73,36 @@ def lax_bool(value: Any, name: str, refuses: str = REFUSES) -> bool:
     raise ServerRefuses(f"{refuses}{name} is not a boolean")
 
 
+def lax_int(value: Any, name: str, refuses: str = REFUSES) -> int:
+    """A pydantic `int` field in lax mode (vLLM's and SGLang's request models): an integer or a bool, an
+    integral float, a string of an integer (`" 12 "`, `"1_000"`, `"12.0"`); anything else their 400."""
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        whole, dot, zeros = value.strip().partition(".")
+        try:
+            if not dot or (zeros.strip("0") == "" and whole.lstrip("+-")):
+                return int(whole)
+        except ValueError:
+            pass
+    raise ServerRefuses(f"{refuses}{name} is not an integer")
+
+
+def lax_float(value: Any, name: str, refuses: str = REFUSES) -> None:
+    """A pydantic `float` field in lax mode: a number or a bool, a string Python's float() reads."""
+    if isinstance(value, (int, float)):
+        return
+    if isinstance(value, str):
+        try:
+            float(value.strip())
+            return
+        except ValueError:
+            pass
+    raise ServerRefuses(f"{refuses}{name} is not a number")
+
+
 def _part_kind(part: Any) -> str:
     if isinstance(part, str):
         return "text"

@@ -34,7 +34,7 @@ import jinja2.ext
 import jinja2.sandbox
 
 from ..messages import ServerRefuses
-from .sglang_request import REFUSES, lax_bool
+from .sglang_request import REFUSES, lax_bool, lax_float, lax_int
 
 BLOCK_TYPES = frozenset(
     {
@@ -144,34 +144,6 @@ def _str(value: Any, name: str, optional: bool = True) -> Any:
     raise _refuse(f"{name} is not a string")
 
 
-def _lax_int(value: Any, name: str) -> int:
-    """A pydantic `int` in lax mode: an integer, a bool, an integral float, a numeric string."""
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            number = 0.5
-        if number.is_integer():
-            return int(number)
-    raise _refuse(f"{name} is not an integer")
-
-
-def _lax_float(value: Any, name: str) -> None:
-    if isinstance(value, (int, float)):
-        return
-    if isinstance(value, str):
-        try:
-            float(value.strip())
-            return
-        except ValueError:
-            pass
-    raise _refuse(f"{name} is not a number")
-
-
 def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     """`list[AnthropicContentBlock]`, discriminated by `type`: each block checked as its model checks it."""
     if not isinstance(content, list):
@@ -248,7 +220,7 @@ def _thinking(thinking: Any) -> None:
     if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled", "adaptive"):
         raise _refuse("thinking.type is not enabled, disabled or adaptive")
     budget = thinking.get("budget_tokens")
-    budget = None if budget is None else _lax_int(budget, "thinking.budget_tokens")
+    budget = None if budget is None else lax_int(budget, "thinking.budget_tokens")
     if thinking.get("display") not in (None, "summarized", "omitted"):
         raise _refuse("thinking.display is not summarized or omitted")
     kind = thinking["type"]
@@ -270,9 +242,9 @@ def _output_config(config: Any) -> None:
     if budget is not None:
         if not isinstance(budget, dict) or budget.get("type") != "tokens" or "total" not in budget:
             raise _refuse("output_config.task_budget is not a token budget")
-        if _lax_int(budget["total"], "task_budget.total") <= 0:
+        if lax_int(budget["total"], "task_budget.total") <= 0:
             raise _refuse("output_config.task_budget.total must be positive")
-        if budget.get("remaining") is not None and _lax_int(budget["remaining"], "task_budget.remaining") < 0:
+        if budget.get("remaining") is not None and lax_int(budget["remaining"], "task_budget.remaining") < 0:
             raise _refuse("output_config.task_budget.remaining is negative")
     fmt = config.get("format")
     if fmt is not None and (
@@ -297,14 +269,14 @@ def validate(body: Any, count_tokens: bool) -> dict[str, Any]:
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise _refuse("model is missing")
     if not count_tokens:
-        if "max_tokens" not in body or _lax_int(body["max_tokens"], "max_tokens") <= 0:
+        if "max_tokens" not in body or lax_int(body["max_tokens"], "max_tokens") <= 0:
             raise _refuse("max_tokens must be positive")
         for name in ("temperature", "top_p"):
             if body.get(name) is not None:
-                _lax_float(body[name], name)
+                lax_float(body[name], name)
         for name in ("top_k", "routed_dp_rank", "disagg_prefill_dp_rank"):
             if body.get(name) is not None:
-                _lax_int(body[name], name)
+                lax_int(body[name], name)
         if body.get("stream") is not None:
             lax_bool(body["stream"], "stream")
         if body.get("metadata") is not None and not isinstance(body["metadata"], dict):

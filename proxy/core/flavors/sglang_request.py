@@ -28,6 +28,14 @@ def lax_bool(value: Any, name: str) -> bool:
     return messages.lax_bool(value, name, REFUSES)
 
 
+def lax_int(value: Any, name: str) -> int:
+    return messages.lax_int(value, name, REFUSES)
+
+
+def lax_float(value: Any, name: str) -> None:
+    messages.lax_float(value, name, REFUSES)
+
+
 def optional_str(value: Any, name: str) -> Any:
     if value is not None and not isinstance(value, str):
         raise refuse(f"{name} is not a string")

@@ -24,7 +24,7 @@ import jinja2
 import jinja2.ext
 import jinja2.sandbox
 
-from ..messages import BILLING_HEADER, REFUSES, InvalidBody, ServerRefuses
+from ..messages import BILLING_HEADER, REFUSES, InvalidBody, ServerRefuses, lax_float, lax_int
 
 BLOCK_TYPES = frozenset(
     {
@@ -64,36 +64,6 @@ def _str(value: Any, name: str, optional: bool = True) -> None:
 def _dict(value: Any, name: str, optional: bool = True) -> None:
     if not (isinstance(value, dict) or (value is None and optional)):
         raise _refuse(f"{name} is not an object")
-
-
-def _lax_int(value: Any, name: str) -> int:
-    """`int`: an integer or a bool, an integral float, a string of an integer (`" 12 "`, `"1_000"`, `"12.0"`)."""
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        text = value.strip()
-        whole, dot, zeros = text.partition(".")
-        try:
-            if not dot or (zeros.strip("0") == "" and whole.lstrip("+-")):
-                return int(whole)
-        except ValueError:
-            pass
-    raise _refuse(f"{name} is not an integer")
-
-
-def _lax_float(value: Any, name: str) -> None:
-    """`float`: a number or a bool, a string Python's float() reads."""
-    if isinstance(value, (int, float)):
-        return
-    if isinstance(value, str):
-        try:
-            float(value.strip())
-            return
-        except ValueError:
-            pass
-    raise _refuse(f"{name} is not a number")
 
 
 def _lax_bool(value: Any, name: str) -> bool:
@@ -169,7 +139,7 @@ def _thinking(thinking: Any) -> int | None:
         raise _refuse("thinking.display is not summarized, omitted or updates")
     if kind != "enabled":
         return None
-    budget = _lax_int(thinking.get("budget_tokens"), "thinking.budget_tokens")
+    budget = lax_int(thinking.get("budget_tokens"), "thinking.budget_tokens")
     if budget < 1024:
         raise _refuse("thinking.budget_tokens must be at least 1024")
     return budget
@@ -211,9 +181,9 @@ def _sampling(body: dict[str, Any]) -> None:
         _optional_bool(body.get(name), name)
     for name in ("temperature", "top_p"):
         if body.get(name) is not None:
-            _lax_float(body[name], name)
+            lax_float(body[name], name)
     if body.get("top_k") is not None:
-        _lax_int(body["top_k"], "top_k")
+        lax_int(body["top_k"], "top_k")
     payload = body.get("mm_payload", "tensors")
     if payload not in ("tensors", "none"):
         raise _refuse("mm_payload is not tensors or none")
@@ -267,7 +237,7 @@ def validate(body: Any, count_tokens: bool) -> dict[str, Any]:
     if not count_tokens:
         if "max_tokens" not in body or body["max_tokens"] is None:
             raise _refuse("max_tokens is missing")
-        max_tokens = _lax_int(body["max_tokens"], "max_tokens")
+        max_tokens = lax_int(body["max_tokens"], "max_tokens")
         if max_tokens <= 0:
             raise _refuse("max_tokens must be positive")
         _sampling(body)
