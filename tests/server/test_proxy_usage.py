@@ -32,11 +32,18 @@ def _parse_stream(chunks: list[bytes]) -> Usage | None:
     return parser.result()
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+USAGE_FIXTURES = [p for p in FIXTURES if p.name.removesuffix(".http") in EXPECTED]
+
+
+def test_every_recording_is_checked() -> None:
+    """The usage recordings here, the error ones (no usage) in test_error_recording_has_no_usage."""
+    errors = [p for p in FIXTURES if p.stem.endswith("bad_json")]
+    assert len(USAGE_FIXTURES) == len(EXPECTED) and len(USAGE_FIXTURES) + len(errors) == len(FIXTURES)
+
+
+@pytest.mark.parametrize("path", USAGE_FIXTURES, ids=lambda p: p.stem)
 def test_recorded_llama_server_usage_every_chunk_boundary(path) -> None:
     rec = load_recorded(path)
-    if rec.name not in EXPECTED:
-        pytest.skip("error recording: no usage expected")
     expected = EXPECTED[rec.name]
     if b"text/event-stream" in str(rec.headers).encode():
         whole = _parse_stream([rec.body])
