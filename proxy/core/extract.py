@@ -114,6 +114,8 @@ def _refusals(body: dict[str, Any], kwargs: dict[str, Any], effort: Any) -> None
         raise ServerRefuses(REFUSES + "unexpected chat_template_kwargs")
     if effort is not None and effort not in REASONING_EFFORTS:
         raise ServerRefuses(REFUSES + "reasoning_effort is not one of " + "/".join(REASONING_EFFORTS))
+    if body.get("tools") == []:  # chat_completion/protocol.py check_tool_usage
+        raise ServerRefuses(REFUSES + "tools must not be an empty array")
 
 
 def _unset(value: Any) -> bool:
@@ -154,7 +156,9 @@ def _chat_from_messages(
         messages=prepared,
         texts=texts,
         media=media,
-        tools=tools or None,
+        # [] reaches the template as [] on vLLM (tools in chat_template_kwargs; the Messages API's after its
+        # request model): a template testing `tools is not none` (Llama 3.1's) writes its tool preamble.
+        tools=tools if tools or (refusals and tools is not None) else None,
         documents=documents or None,
         add_generation_prompt=bool(body.get("add_generation_prompt", True)),
         continue_final_message=bool(body.get("continue_final_message", False)),

@@ -258,8 +258,9 @@ class FastEncoder(ReferenceEncoder):
 
 
 def _plain(chat: ChatInput) -> bool:
-    """A chat the render shortcut covers: string roles and contents (and names), nothing else."""
-    if chat.tools or chat.documents or chat.template_kwargs or chat.continue_final_message:
+    """A chat the render shortcut covers: string roles and contents (and names), nothing else (not even an
+    empty tool list: a template may test `tools is not none`)."""
+    if chat.tools is not None or chat.documents or chat.template_kwargs or chat.continue_final_message:
         return False
     return all(m.keys() <= _PLAIN_KEYS and all(type(v) is str for v in m.values()) for m in chat.messages)
 

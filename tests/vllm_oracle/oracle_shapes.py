@@ -66,6 +66,9 @@ def agent_loop(rounds: int, *, end_on_user: bool, reasoning: bool = True) -> lis
 
 
 AGENT: list[Shape] = [
+    # An empty tool list reaches the template as [] (not None): a template that tests `tools is not none`
+    # (Llama 3.1's) writes its tool preamble for it.
+    Shape("tools_empty_list", "chat", {"messages": [ASK], "tools": []}),
     chat(
         "reasoning_content_turn",
         [

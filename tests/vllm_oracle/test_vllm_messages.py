@@ -14,11 +14,6 @@ through: pydantic's lax coercions), put to one family, since no template is reac
 Where islwatch does not count as vLLM does for a reason outside the conversion's port, the difference is
 asserted as it is (DIVERGENCES), never skipped: a fix on either side fails the test and moves the shape back
 to the plain check. They are the same on both releases:
-- tools that resolve to an empty list (`tools: []`, or a tool_removal of every tool): vLLM sets `tools=[]`
-  on the chat request after its model checked it, and Llama 3.1's template, which tests `tools is not none`,
-  writes its tool preamble (56 tokens); islwatch's chat core renders [] as no tools (core/extract.py
-  `tools=tools or None`). Harmony and mistral-common render [] as no tools (measured), as do the other
-  families' templates;
 - a named tool_choice that names no declared tool: vLLM refuses it on Jinja templates and Harmony (the tool
   parser's adjust_request: `Tool 'x' has not been passed in tools`, xgrammar's structural tag), but serves
   it through mistral-common, whose tool parser builds no schema from it; islwatch refuses it on every
@@ -398,8 +393,6 @@ class Divergence:
 
 
 DIVERGENCES: dict[tuple[str, str], Divergence] = {
-    ("tools_empty", "llama-3.1"): Divergence(None, short_by=56),
-    ("tool_removal_of_every_tool", "llama-3.1"): Divergence(None, short_by=56),
     ("tool_choice_named_undeclared", "mistral-nemo"): Divergence(SERVER_REFUSES),
     ("tool_choice_named_undeclared", "mistral-large-2411"): Divergence(SERVER_REFUSES),
 }

@@ -183,6 +183,9 @@ def answer(state: Any, loop: asyncio.AbstractEventLoop, endpoint: str, body: Any
         request = model.model_validate(body)
     except ValidationError as exc:  # FastAPI's RequestValidationError handler: 400
         return {"status": 400, "error": f"validation: {exc.errors()[0].get('msg')}"}
+    except Exception as exc:  # a validator's own error (VLLMValidationError): the app's handlers, its status
+        err = create_error_response(exc)
+        return {"status": err.error.code, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     probed: dict[str, Any] = {}  # a Messages request: what the server's probes answered for it
     extra = {"anthropic": probed} if endpoint in ANTHROPIC else {}
     try:

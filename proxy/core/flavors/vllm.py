@@ -141,7 +141,8 @@ class VllmFlavor:
                 "vllm.disabled_thinking_effort",
                 lambda: disabled_thinking_effort(lambda e: served.rendered({**probe, "reasoning_effort": e})),
             )
-        return messages_as_chat(body, count_tokens, merge, effort)
+        jinja = any(t is not None for t in served.templates())
+        return messages_as_chat(body, count_tokens, merge, effort, jinja)
 
 
 VLLM = VllmFlavor()

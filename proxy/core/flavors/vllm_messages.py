@@ -399,9 +399,14 @@ def _function(tool: dict[str, Any]) -> dict[str, Any]:
 
 
 def messages_as_chat(
-    body: Any, count_tokens: bool, merge_inline_system: bool, disabled_effort: str = "none"
+    body: Any,
+    count_tokens: bool,
+    merge_inline_system: bool,
+    disabled_effort: str = "none",
+    jinja: bool = True,
 ) -> dict[str, Any]:
-    """The chat request vLLM serves for a Messages request (`to_chat_completion_request`)."""
+    """The chat request vLLM serves for a Messages request (`to_chat_completion_request`). `jinja`: the model
+    renders a Jinja template (not Harmony or mistral-common)."""
     validate(body, count_tokens)
     out: list[dict[str, Any]] = []
     system: list[str] = []
@@ -433,19 +438,26 @@ def messages_as_chat(
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") == "disabled":
         chat["reasoning_effort"] = disabled_effort
-    _tool_choice(body, chat, _tools(body))
+    _tool_choice(body, chat, _tools(body), jinja)
     return chat
 
 
-def _tool_choice(body: dict[str, Any], chat: dict[str, Any], tools: list[dict[str, Any]] | None) -> None:
+def _tool_choice(
+    body: dict[str, Any], chat: dict[str, Any], tools: list[dict[str, Any]] | None, jinja: bool = True
+) -> None:
     """`_convert_tool_choice`, then `_convert_tools`. vLLM sets both on the chat request after building it,
     so the chat request model's `check_tool_usage` never sees them: a tool_choice without tools is served
-    (islwatch's Harmony and mistral-common paths would refuse it as a client's chat request), and so is an
-    empty tool list, which renders as no tools on Harmony and mistral-common (measured, tests/vllm_oracle).
-    Both are left out of the chat body: nothing of them reaches the prompt. (A Jinja template that tells
-    `tools=[]` from no tools, as Llama 3.1's does, sees them apart on vLLM; islwatch's chat core renders []
-    as no tools: tests/vllm_oracle/test_vllm_messages.py DIVERGENCES.)"""
+    (islwatch's Harmony and mistral-common paths would refuse it as a client's chat request): left out, as
+    nothing of it reaches the prompt. An empty tool list reaches a Jinja template as `tools=[]` (Llama 3.1's,
+    testing `tools is not none`, writes its tool preamble), Harmony and mistral-common render it as no tools
+    (measured, tests/vllm_oracle): for a Jinja template it goes in as the template's `tools` keyword (the chat
+    request model refuses `tools: []` from a client)."""
     choice = body.get("tool_choice")
+    if tools == [] and jinja:
+        kwargs = chat.get("chat_template_kwargs") or {}
+        if "tools" not in kwargs:  # the request's own chat_template_kwargs win, as on vLLM
+            chat["chat_template_kwargs"] = {**kwargs, "tools": []}
+        return
     if not tools:
         return
     chat["tools"] = tools
