@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from proxy.core.server_settings import ServerSettings
+from proxy.core.server_settings import REASONING_PARSERS, ServerSettings
 
 
 def add_tokenizer_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,6 +32,12 @@ def add_server_settings(add: Any) -> None:
         help="the server's --tokenizer-mode: mistral counts through mistral-common (default auto: by the folder)",
     )
     add(
+        "--reasoning-parser",
+        choices=list(REASONING_PARSERS),
+        help="SGLang's --reasoning-parser (Messages API: how past thinking is rendered); default auto: the "
+        "parser SGLang's docs give for the model's template",
+    )
+    add(
         "--harmony-start-date",
         metavar="YYYY-MM-DD",
         help="the date vLLM writes into gpt-oss system messages: its VLLM_SYSTEM_START_DATE (default today, UTC)",
@@ -45,4 +51,5 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
     if not isinstance(kwargs, dict):
         raise ValueError("--default-chat-template-kwargs must be a JSON object")
     date = getattr(args, "harmony_start_date", None) or None
-    return ServerSettings(kwargs, date, getattr(args, "tokenizer_mode", None) or "auto")
+    mode = getattr(args, "tokenizer_mode", None) or "auto"
+    return ServerSettings(kwargs, date, mode, getattr(args, "reasoning_parser", None) or "auto")

@@ -92,7 +92,7 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
             "dump_max", "upstream_timeout_seconds", "server_flavor", "upstream_health_path", "server_probe",
             "server_probe_interval_seconds", "upstream_metrics_url", "upstream_metrics_interval_seconds",
             "header_timeout_seconds", "body_timeout_seconds", "idle_timeout_seconds", "max_connections",
-            "default_chat_template_kwargs", "harmony_start_date", "tokenizer_mode",
+            "default_chat_template_kwargs", "harmony_start_date", "tokenizer_mode", "reasoning_parser",
             "upstream_max_field_bytes", "upstream_max_header_fields", "max_inflight_body_bytes",
             "admin_max_requests",
         )

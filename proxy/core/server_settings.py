@@ -8,6 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# The `--reasoning-parser` values islwatch models (SGLang's qwen3, deepseek-r1 and gpt-oss parsers), with
+# "auto" (the model's documented parser) and "none".
+REASONING_PARSERS = ("auto", "none", "qwen3", "deepseek-r1", "gpt-oss")
+
 
 @dataclass(frozen=True)
 class ServerSettings:
@@ -21,6 +25,10 @@ class ServerSettings:
     # tokenizer.model.v* through mistral-common (`vllm/tokenizers/registry.py`); "mistral" always does;
     # "hf" never does.
     tokenizer_mode: str = "auto"
+    # SGLang's `--reasoning-parser`, which decides how its Messages API hands past thinking to the template
+    # (core/flavors/sglang_messages.py): "auto" takes the one SGLang's docs give for the model's template,
+    # "none" a server started without one.
+    reasoning_parser: str = "auto"
     # vLLM's request-model refusals (a null user content, tool-call arguments that are not a string, an
     # unknown reasoning_effort, a request chat template...): off for llama-server, which checks otherwise.
     vllm_refusals: bool = True

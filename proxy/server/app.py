@@ -56,6 +56,7 @@ def analysis_spec(config: ProxyConfig) -> AnalysisSpec:
         default_chat_template_kwargs=dict(config.default_chat_template_kwargs),
         harmony_start_date=config.harmony_start_date,
         tokenizer_mode=config.tokenizer_mode,
+        reasoning_parser=config.reasoning_parser,
         nice=config.analysis_nice,
     )
 

@@ -11,12 +11,13 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from yarl import URL
 
+from proxy.core.server_settings import REASONING_PARSERS
 from proxy.core.specs import DEFAULT_TOKENIZER, ServerFlavor
 
 ENV_PREFIX = "ISLWATCH_"
@@ -114,6 +115,8 @@ class ProxyConfig(BaseModel):
     # The server's --tokenizer-mode: auto serves a Mistral folder (consolidated weights and tekken.json or
     # tokenizer.model.v*) through mistral-common; mistral always, hf never (proxy/core/model.py).
     tokenizer_mode: Literal["auto", "hf", "mistral"] = "auto"
+    # SGLang's --reasoning-parser (proxy/core/server_settings.py): auto takes the model's documented one.
+    reasoning_parser: Literal["auto", "none", "qwen3", "deepseek-r1", "gpt-oss"] = "auto"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
 
     @field_validator("upstream")
@@ -274,3 +277,6 @@ def load_config(
             else:
                 lines.append(f"{key}: {err['msg']} (from {where})")
         raise ConfigError("invalid proxy configuration:\n  " + "\n  ".join(lines)) from exc
+
+
+assert get_args(ProxyConfig.model_fields["reasoning_parser"].annotation) == REASONING_PARSERS, "one list"

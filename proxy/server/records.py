@@ -52,6 +52,7 @@ class AnalysisSpec:
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # ServerSettings
     harmony_start_date: str | None = None  # ServerSettings
     tokenizer_mode: str = "auto"  # ServerSettings
+    reasoning_parser: str = "auto"  # ServerSettings
     nice: int = 0  # added to a worker process's niceness once loaded: analysis yields a busy CPU to the relay
 
     def to_json(self) -> str:
@@ -59,7 +60,10 @@ class AnalysisSpec:
 
     def settings(self) -> ServerSettings:
         return ServerSettings(
-            dict(self.default_chat_template_kwargs), self.harmony_start_date, self.tokenizer_mode
+            dict(self.default_chat_template_kwargs),
+            self.harmony_start_date,
+            self.tokenizer_mode,
+            self.reasoning_parser,
         )
 
     @classmethod

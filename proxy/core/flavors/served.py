@@ -7,10 +7,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from ..server_settings import ServerSettings
+
 T = TypeVar("T")
 
 
 class ServedTemplates(Protocol):
+    @property
+    def settings(self) -> ServerSettings:
+        """What the server was started with."""
+        ...
+
     def templates(self) -> list[str | None]:
         """The chat templates the server may render a request with (None: it renders without a Jinja
         template, through Harmony or mistral-common)."""

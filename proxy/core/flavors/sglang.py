@@ -430,10 +430,16 @@ class SglangFlavor:
     def messages_as_chat(self, body: Any, count_tokens: bool, served: ServedTemplates) -> dict[str, Any]:
         # Both answered once, from the template SGLang renders with (the processor's first: the one its
         # TemplateManager sets on the tokenizer): AnthropicServing's `_merge_inline_system` at start-up, and
-        # the reasoning parser the server runs, taken to be the one SGLang's docs give for the model.
+        # the reasoning parser the server runs: the setting's, else the one SGLang's docs give for the model.
         template = served.templates()[0]
         merge = served.once("sglang.merge_inline_system", lambda: not template_inline_system(template))
-        parser = served.once("sglang.reasoning_parser", lambda: documented_parser(template))
+        chosen = (
+            served.settings.reasoning_parser
+        )  # the server's --reasoning-parser, when the operator says it
+        if chosen == "auto":
+            parser = served.once("sglang.reasoning_parser", lambda: documented_parser(template))
+        else:
+            parser = None if chosen == "none" else chosen
         chat = messages_as_chat(body, count_tokens, merge, PARSERS[parser])
         text_only = content_format(template or "") == "string"  # the media rule of `_content`
         return without_media(chat) if count_tokens and text_only else chat
