@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from proxy.core.count import INVALID_BODY, SERVER_REFUSES, TEMPLATE_ERROR, CountResult
+from proxy.core.count import SERVER_REFUSES, CountResult
 from proxy.core.model import ServedModel, load_served_model
 from proxy.core.server_settings import ServerSettings
 from tests.anthropic_shapes import (
@@ -50,13 +50,12 @@ from tests.anthropic_shapes import (
     user,
 )
 from tests.vllm_oracle.oracle_proc import Oracle
-from tests.vllm_oracle.test_vllm_oracle import START_DATE
+from tests.vllm_oracle.test_vllm_oracle import START_DATE, assert_as_vllm
 
 pytestmark = pytest.mark.vllm
 ENDPOINTS = ("messages", "count_tokens")
 MAX_TOKENS = 4096  # what a client sends with /v1/messages (more than the shapes' thinking budget)
 FAMILY = "qwen3"  # the request models' refusals: any family both releases serve
-REFUSALS_5XX = (TEMPLATE_ERROR, SERVER_REFUSES, INVALID_BODY)
 
 
 def system_message(*blocks: dict[str, Any]) -> dict[str, Any]:
@@ -439,18 +438,7 @@ def assert_counts_as_vllm(oracle: Oracle, endpoint: str, shape: MessagesShape) -
     body = request_body(oracle, endpoint, shape)
     answer = vllm_answer(oracle, endpoint, body)
     result = islwatch_count(oracle.model_dir, endpoint, body)
-    if answer["status"] == 200:
-        vllm = sum(len(ids) for ids in answer["prompts"])
-        assert result.fallback_reason is None, (
-            f"vLLM counts {vllm}; islwatch: {result.fallback_reason} ({result.detail})"
-        )
-        assert result.expected_server == vllm, f"islwatch {result.expected_server}, vLLM {vllm}"
-    else:  # a 400 is what `islwatch count` calls server_would_refuse; vLLM's 500s are counted as invalid
-        refusals = (TEMPLATE_ERROR, SERVER_REFUSES) if answer["status"] < 500 else REFUSALS_5XX
-        assert result.fallback_reason in refusals, (
-            f"vLLM answers {answer['status']} ({answer['error'][:160]}); islwatch counts "
-            f"{result.expected_server} ({result.fallback_reason}: {result.detail})"
-        )
+    assert_as_vllm(result, answer)
     return answer
 
 

@@ -43,11 +43,8 @@ def request_body(oracle: Oracle, shape: Shape) -> dict[str, Any]:
     return {**shape.body, "model": str(oracle.model_dir), **limit}
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
-def test_count_equals_vllm_prompt(oracle: Oracle, shape: Shape) -> None:
-    body = request_body(oracle, shape)
-    answer = oracle.answer(shape.endpoint, body)
-    result = islwatch_count(oracle.model_dir, shape.endpoint, body)
+def assert_as_vllm(result: CountResult, answer: dict[str, Any]) -> None:
+    """islwatch's count is the length of vLLM's prompt ids where vLLM answers, a refusal where it refuses."""
     if answer["status"] == 200:
         vllm = sum(len(ids) for ids in answer["prompts"])
         assert result.fallback_reason is None, (
@@ -60,6 +57,14 @@ def test_count_equals_vllm_prompt(oracle: Oracle, shape: Shape) -> None:
             f"vLLM answers {answer['status']} ({answer['error'][:160]}); islwatch counts "
             f"{result.expected_server} ({result.fallback_reason}: {result.detail})"
         )
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
+def test_count_equals_vllm_prompt(oracle: Oracle, shape: Shape) -> None:
+    body = request_body(oracle, shape)
+    answer = oracle.answer(shape.endpoint, body)
+    result = islwatch_count(oracle.model_dir, shape.endpoint, body)
+    assert_as_vllm(result, answer)
 
 
 def test_the_oracle_is_the_tested_version(oracles: dict[str, Oracle], release: str) -> None:
